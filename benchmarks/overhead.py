@@ -6,18 +6,22 @@ For every registered solver, on the stochastic quadratic (dx=10, dy=50, 2000 sam
   ``lax.scan`` that makes the same oracle calls on the same number of fresh minibatches (read
   off the solver's own call counts) and nothing else. Above 1 is the cost of the method's own
   arithmetic and control flow.
-* ``10 seeds/1 seed``: wall time of one program running 10 vmapped seeds over one seed.
+* ``10 seeds/1 seed``: time of the compiled chunk running 10 vmapped seeds over one seed
+  (steady state), then the wall time of whole ``bl.solve`` calls (compilation included).
 
 Also the sampler choices of ``bilevel.sampling``: the hash index generator against
 ``jax.random.randint``, and a gather of a random batch against a contiguous ``dynamic_slice``.
 
-All numbers are ratios measured in this one run (best of ``--repeats``); nothing passes or
+All numbers are ratios measured in this one run; the two programs of a ratio are timed
+alternately and the median per-pair ratio is printed (see ``paired_times``); nothing passes or
 fails on time. Run: ``python benchmarks/overhead.py [--steps 400] [--solvers f2sa stocbio]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import statistics
 import time
 
 import jax
@@ -44,11 +48,30 @@ def best_time(fn, *args, repeats: int) -> float:
     return min(times)
 
 
-def solver_time(problem, solver, steps, seeds, repeats):
+def paired_times(a, b, repeats: int) -> tuple[float, float, float]:
+    """Time the thunks ``a`` and ``b`` alternately; (best a, best b, median of the a/b ratios).
+
+    This machine is shared and its speed drifts by up to 2x over seconds, so two programs
+    timed one after the other can disagree for reasons that have nothing to do with them.
+    Alternating them and taking the median of the per-pair ratios cancels the drift.
+    """
+    jax.block_until_ready(a())
+    jax.block_until_ready(b())
+    ta, tb = [], []
+    for _ in range(repeats):
+        for thunk, out in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(thunk())
+            out.append(time.perf_counter() - t0)
+    return min(ta), min(tb), statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+
+
+def solver_chunk(problem, solver, steps, seeds):
+    """The compiled chunk ``bl.solve`` runs, and a zero-argument thunk running it once."""
     batched = seeds > 1
     state = _init_states(solver, problem, list(range(seeds)), batched)
     chunk = _compiled("chunk", solver, problem, state, steps, batched)
-    return best_time(chunk, problem, state, repeats=repeats) / steps, state
+    return (lambda: chunk(problem, state)), state
 
 
 def per_step_calls(problem, solver, state):
@@ -142,15 +165,17 @@ def sampler_ratios(problem, repeats):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--e2e-repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--solvers", nargs="*", default=None)
     args = parser.parse_args()
     problem = bl.problems.quadratic(stochastic=True)
     names = args.solvers or bl.solvers.names()
     print(
-        f"problem: {problem.name}, batch {args.batch}, {args.steps} steps per timing, "
-        f"best of {args.repeats}; devices: {jax.devices()}"
+        f"problem: {problem.name}, batch {args.batch}, {args.steps} steps per timing; "
+        f"us/step: best of {args.repeats}; ratios: median of {args.repeats} alternated pairs; "
+        f"devices: {jax.devices()}"
     )
     header = (
         f"{'solver':10s} {'us/step':>9s} {'floor':>9s} {'solver/floor':>13s} "
@@ -161,17 +186,17 @@ def main() -> None:
     for name in names:
         hyper = dict(SETTINGS.get(name, SETTINGS["default"]), batch_size=args.batch)
         solver = bl.solvers.make(name, **hyper).resolve(problem)  # "auto" settings filled in
-        t1, state = solver_time(problem, solver, args.steps, 1, args.repeats)
+        run1, state = solver_chunk(problem, solver, args.steps, 1)
         calls, d_out, d_in = per_step_calls(problem, solver, state)
         floor = floor_program(problem, calls, d_out, d_in, args.batch, args.steps)
-        t_floor = (
-            best_time(floor, problem.x0, problem.y0, jax.random.PRNGKey(0), repeats=args.repeats)
-            / args.steps
-        )
-        t10, _ = solver_time(problem, solver, args.steps, 10, args.repeats)
+        run_floor = functools.partial(floor, problem.x0, problem.y0, jax.random.PRNGKey(0))
+        t1, t_floor, r_floor = paired_times(run1, run_floor, args.repeats)
+        run10, _ = solver_chunk(problem, solver, args.steps, 10)
+        t10, _, r_seeds = paired_times(run10, run1, args.repeats)
+        steps = args.steps
         print(
-            f"{name:10s} {t1 * 1e6:9.1f} {t_floor * 1e6:9.1f} {t1 / t_floor:13.2f} "
-            f"{t10 * 1e6:10.1f} {t10 / t1:16.2f}"
+            f"{name:10s} {t1 / steps * 1e6:9.1f} {t_floor / steps * 1e6:9.1f} {r_floor:13.2f} "
+            f"{t10 / steps * 1e6:10.1f} {r_seeds:16.2f}"
         )
     print(
         "\nend to end, bl.solve(steps=2000, eval_every=100) from a cold cache (compile "
@@ -179,23 +204,25 @@ def main() -> None:
     )
     for name in names:
         hyper = dict(SETTINGS.get(name, SETTINGS["default"]), batch_size=args.batch)
-        walls = {}
-        for label, seeds in (("1 seed", None), ("10 seeds", list(range(10)))):
-            bl.run._COMPILED.clear()
-            t0 = time.perf_counter()
-            bl.solve(
-                problem,
-                bl.solvers.make(name, **hyper),
-                steps=2000,
-                seeds=seeds,
-                eval_every=100,
-                progress=False,
-            )
-            walls[label] = time.perf_counter() - t0
+        walls: dict[str, list[float]] = {"1 seed": [], "10 seeds": []}
+        for _ in range(args.e2e_repeats):  # alternated, like paired_times
+            for label, seeds in (("1 seed", None), ("10 seeds", list(range(10)))):
+                bl.run._COMPILED.clear()
+                t0 = time.perf_counter()
+                bl.solve(
+                    problem,
+                    bl.solvers.make(name, **hyper),
+                    steps=2000,
+                    seeds=seeds,
+                    eval_every=100,
+                    progress=False,
+                )
+                walls[label].append(time.perf_counter() - t0)
+        one, ten = walls["1 seed"], walls["10 seeds"]
+        ratio = statistics.median(b / a for a, b in zip(one, ten, strict=True))
         print(
-            f"{name:10s} 1 seed {walls['1 seed']:.2f} s, 10 seeds {walls['10 seeds']:.2f} s: "
-            f"10 seeds/1 seed = {walls['10 seeds'] / walls['1 seed']:.2f}, 10 seeds/(10 "
-            f"separate solves) = {walls['10 seeds'] / (10 * walls['1 seed']):.2f}"
+            f"{name:10s} 1 seed {min(one):.2f} s, 10 seeds {min(ten):.2f} s: "
+            f"10 seeds/1 seed = {ratio:.2f}, 10 seeds/(10 separate solves) = {ratio / 10:.2f}"
         )
     t_hash, t_randint, t_slice = sampler_ratios(problem, args.repeats)
     print(
