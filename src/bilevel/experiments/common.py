@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pandas as pd
 
 from ..problem import BilevelProblem
 from ..report import plot_history
-from ..run import solve
+from ..run import DivergenceWarning, solve
 from ..solvers import make
 
 __all__ = [
@@ -86,10 +87,6 @@ def run_methods(
 
     A method that diverges keeps the history it made (the warning is turned into a log line).
     """
-    import warnings
-
-    from ..run import DivergenceWarning
-
     out = {}
     for m in methods:
         t0 = time.perf_counter()
@@ -134,15 +131,19 @@ def grid_search(
     """Try every combination of ``grid`` on top of ``base``; the best by final ``metric``.
 
     A diverged or non-finite run scores +inf. Returns (best hyperparameters, table of all).
+    A one-point grid (quick runs) has nothing to choose: it is returned without a run, its
+    score written as NaN.
     """
     rows = []
     keys = list(grid)
-    for values in itertools.product(*(grid[k] for k in keys)):
+    points = list(itertools.product(*(grid[k] for k in keys)))
+    if len(points) == 1:
+        row = {"solver": solver, **{k: str(v) for k, v in zip(keys, points[0], strict=True)}}
+        return dict(base, **dict(zip(keys, points[0], strict=True))), pd.DataFrame(
+            [dict(row, **{metric: math.nan})]
+        )
+    for values in points:
         hyper = dict(base, **dict(zip(keys, values, strict=True)))
-        import warnings
-
-        from ..run import DivergenceWarning
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DivergenceWarning)
             res = solve(
@@ -165,7 +166,7 @@ def grid_search(
         )
     table = pd.DataFrame(rows)
     best_row = int(np.argmin(table[metric].to_numpy()))
-    best_values = list(itertools.product(*(grid[k] for k in keys)))[best_row]
+    best_values = points[best_row]
     return dict(base, **dict(zip(keys, best_values, strict=True))), table
 
 
