@@ -234,6 +234,24 @@ def test_hyper_cleaning_metrics_and_baseline():
     assert float(jnp.linalg.norm(ravel_pytree(grad)[0])) < 1e-10
 
 
+def test_retrain_fits_y_star_of_the_learned_weights():
+    p = problem("hyper_cleaning")
+    x = jax.random.normal(jax.random.PRNGKey(3), p.x0.shape) * 2.0  # weights spread over (0, 1)
+    y = hc.retrain(p, x, steps=800)
+    # y*(x): the full-data gradient of g(x, .) vanishes there (strongly convex, so unique)
+    grad = oracles.grad_y(p.inner, x, y, p.inner_data)
+    assert float(jnp.linalg.norm(ravel_pytree(grad)[0])) < 1e-10
+    # and the x matters: at x = 0 it is the weight-0.5 fit, a different model
+    y0 = hc.retrain(p, p.x0, steps=800)
+    y_half = hc.train_without_bilevel(p, weight=0.5, steps=800)
+    np.testing.assert_allclose(ravel_pytree(y0)[0], ravel_pytree(y_half)[0], rtol=1e-9)
+    assert float(jnp.linalg.norm(ravel_pytree(y)[0] - ravel_pytree(y0)[0])) > 1e-3
+    with pytest.raises(ValueError, match=r"retrain\(x=...\) must have shape"):
+        hc.retrain(p, x[:-1])
+    with pytest.raises(ValueError, match="non-finite"):
+        hc.retrain(p, x.at[0].set(jnp.nan))
+
+
 # ---- L2 HPO ----------------------------------------------------------------------------------
 def test_l2_logistic_forms_and_exact_F():
     p = problem("l2_xy2")

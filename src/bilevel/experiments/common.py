@@ -82,10 +82,13 @@ def run_methods(
     progress: bool = False,
     log: Callable[[str], None] = print,
     init=None,
+    results: dict | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Run every method on ``problem`` with ``seeds`` vmapped seeds; histories by label.
 
     A method that diverges keeps the history it made (the warning is turned into a log line).
+    ``results``, when given, receives each method's :class:`bilevel.run.Result` by label (its
+    final iterates, for evaluations the history does not hold).
     """
     out = {}
     for m in methods:
@@ -104,6 +107,8 @@ def run_methods(
         for w in caught:
             if issubclass(w.category, DivergenceWarning):
                 log(f"  [{m.label}] {w.message}")
+        if results is not None:
+            results[m.label] = res
         hist = res.history.copy()
         hist.insert(0, "method", m.label)
         out[m.label] = hist

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from .hyper_cleaning import hyper_cleaning, hyper_cleaning_dataset, train_without_bilevel
+from .hyper_cleaning import hyper_cleaning, hyper_cleaning_dataset, retrain, train_without_bilevel
 from .hyper_representation import (
     deep_hyper_representation,
     deep_hyper_representation_dataset,
@@ -26,6 +26,7 @@ __all__ = [
     "hyper_cleaning",
     "hyper_cleaning_dataset",
     "train_without_bilevel",
+    "retrain",
     "hyper_representation",
     "hyper_representation_synthetic",
     "synthetic_hyperrep_data",

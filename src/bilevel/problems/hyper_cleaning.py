@@ -28,6 +28,7 @@ samples ``c = 0.01`` would be negligible and mu_g, L_g would scale with n (f2sa.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "hyper_cleaning",
     "HyperCleaningReference",
     "train_without_bilevel",
+    "retrain",
     "hyper_cleaning_dataset",
 ]
 
@@ -220,12 +222,43 @@ def train_without_bilevel(
         ValueError: ``problem`` was not built by :func:`hyper_cleaning`, or bad ``steps``/``lr``.
     """
     fn = "train_without_bilevel"
-    ref = problem.reference
-    if not isinstance(ref, HyperCleaningReference):
+    n = _check_fit_args(problem, steps, fn)
+    weight = M.check_nonneg(weight, "weight", fn)
+    return _fit(problem, jnp.full((n,), weight, M.float_dtype()), steps, lr, fn)
+
+
+def retrain(problem: BilevelProblem, x, *, steps: int = 1000, lr: float | None = None):
+    r"""The model the learned sample weights give: ``y*(x) = argmin_y g(x, y)``, fitted.
+
+    Minimises ``(1/n) sum_i sigmoid(x_i) CE_i(y) + c ||y||^2`` by the accelerated full-batch
+    method of :func:`train_without_bilevel` (same step rule, with ``weight`` replaced by the
+    largest ``sigmoid(x_i)``), so ``problem.metrics(x, retrain(problem, x))`` evaluates the bilevel
+    objective ``F(x) = f(x, y*(x))`` itself rather than a solver's current, partly trained,
+    iterate. This is what a cleaned data set is for: training a model on it.
+    """
+    fn = "retrain"
+    n = _check_fit_args(problem, steps, fn)
+    x = jnp.asarray(x)
+    if x.shape != (n,):
+        raise ValueError(
+            f"{fn}(x=...) must have shape ({n},) (one logit per sample), got {x.shape}."
+        )
+    if not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError(f"{fn}(x=...) has non-finite entries.")
+    return _fit(problem, jax.nn.sigmoid(x), steps, lr, fn)
+
+
+def _check_fit_args(problem: BilevelProblem, steps, fn: str) -> int:
+    if not isinstance(problem.reference, HyperCleaningReference):
         raise ValueError(f"{fn}(problem=...) must be a problem built by hyper_cleaning().")
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"{fn}(steps=...) must be an int >= 1, got {steps!r}.")
-    weight = M.check_nonneg(weight, "weight", fn)
+    return int(problem.inner_data["y"].shape[0])
+
+
+def _fit(problem: BilevelProblem, weights: jax.Array, steps: int, lr: float | None, fn: str):
+    """Accelerated full-batch descent on ``mean_i weights_i CE_i(y) + c ||y||^2`` from y0."""
+    ref = problem.reference
     data = problem.inner_data
     c = ref.c
     if lr is None:
@@ -233,7 +266,7 @@ def train_without_bilevel(
             X = np.asarray(data["X"], np.float64)
             A = np.concatenate([X, np.ones((X.shape[0], 1))], axis=1)
             lam = float(np.linalg.eigvalsh(A.T @ A / X.shape[0])[-1])
-            L = 0.5 * weight * lam + 2.0 * c
+            L = 0.5 * float(jnp.max(weights)) * lam + 2.0 * c
             lr = 1.0 / L
             if c > 0:
                 q = np.sqrt(2.0 * c / L)
@@ -247,25 +280,38 @@ def train_without_bilevel(
             raise ValueError(f"{fn}(lr=...) must be > 0, got {lr!r}.")
         momentum = 0.9 if ref.model == "mlp" else None
 
+    return _accelerated_fit(
+        problem.y0,
+        weights,
+        data["X"],
+        data["y"],
+        c,
+        lr,
+        0.0 if momentum is None else momentum,
+        apply=ref.apply,
+        steps=steps,
+        k_over_k3=momentum is None,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("apply", "steps", "k_over_k3"))
+def _accelerated_fit(y0, weights, X, labels, c, lr, momentum, *, apply, steps, k_over_k3):
+    """``steps`` of Nesterov's method; one compilation per model and data shape (not per call)."""
+
     def loss(y):
-        ce = M.softmax_cross_entropy(ref.apply(y, data["X"]), data["y"])
-        return weight * jnp.mean(ce) + c * M.sum_of_squares(y)
+        ce = M.softmax_cross_entropy(apply(y, X), labels)
+        return jnp.mean(weights * ce) + c * M.sum_of_squares(y)
 
-    @jax.jit
-    def run(y0):
-        def body(carry, k):
-            y, y_prev = carry
-            beta = k / (k + 3.0) if momentum is None else momentum
-            z = jax.tree.map(lambda a, b: a + beta * (a - b), y, y_prev)
-            grad = jax.grad(loss)(z)
-            y_new = jax.tree.map(lambda a, g: a - lr * g, z, grad)
-            return (y_new, y), None
+    def body(carry, k):
+        y, y_prev = carry
+        beta = k / (k + 3.0) if k_over_k3 else momentum
+        z = jax.tree.map(lambda a, b: a + beta * (a - b), y, y_prev)
+        grad = jax.grad(loss)(z)
+        return (jax.tree.map(lambda a, g: a - lr * g, z, grad), y), None
 
-        ks = jnp.arange(steps, dtype=M.float_dtype())
-        (y, _), _ = jax.lax.scan(body, (y0, y0), ks)
-        return y
-
-    return run(problem.y0)
+    ks = jnp.arange(steps, dtype=M.float_dtype())
+    (y, _), _ = jax.lax.scan(body, (y0, y0), ks)
+    return y
 
 
 def hyper_cleaning_dataset(
