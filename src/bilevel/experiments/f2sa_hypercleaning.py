@@ -162,8 +162,8 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         "F2SA uses one minibatch for grad_x g at y and at z (shared_x_sample=True, the paper's "
         "Appendix C; spec pitfall 7): with Algorithm 1's two independent samples the x-step "
         "of each sampled weight is lam_k sigma'(x_i) CE_i / b at y minus that of *another* "
-        "sample at z, noise of size lam_k * loss that swamped the signal (measured at p=0.3, "
-        "batch 50, 1000 steps: val loss 0.875 with independent samples, 0.784 shared)."
+        "sample at z, noise of size lam_k * loss that swamps the signal (docs/reproduction.md "
+        "has the comparison)."
     )
     notes.append(
         "'retrained' rows: the model refitted to convergence on the learned weights "
