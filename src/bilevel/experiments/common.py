@@ -34,6 +34,7 @@ __all__ = [
     "grid_search",
     "write_outputs",
     "final_mean",
+    "time_to_reach",
 ]
 
 
@@ -120,6 +121,14 @@ def final_mean(history: pd.DataFrame, column: str) -> float:
     """Mean over seeds of ``column`` at the last evaluation."""
     last = history[history.step == history.step.max()]
     return float(last[column].mean())
+
+
+def time_to_reach(history: pd.DataFrame, column: str, level: float) -> float:
+    """Solver seconds (mean over seeds) at which the seed-mean ``column`` first falls to
+    ``level`` or below; ``inf`` if it never does."""
+    curve = history.groupby("step")[[column, "seconds"]].mean().sort_index()
+    hit = curve[curve[column] <= level]
+    return float(hit.seconds.iloc[0]) if len(hit) else math.inf
 
 
 def grid_search(
