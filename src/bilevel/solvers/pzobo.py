@@ -58,7 +58,7 @@ The two paths must start from the same point and see the same randomness (pitfal
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -67,10 +67,9 @@ from jax.flatten_util import ravel_pytree
 
 from .. import oracles
 from .._tree import tree_axpy, tree_sub, tree_vdot
-from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..schedules import as_schedule
-from .base import Solver
+from .base import IterateState, Solver
 from .registry import register
 
 PyTree = Any
@@ -128,13 +127,9 @@ def _unit_rows(leaf: jax.Array) -> jax.Array:
     return leaf / norms.reshape((-1,) + (1,) * (leaf.ndim - 1))
 
 
-class PathDifferenceState(NamedTuple):
-    x: PyTree  # upper iterate x_k
-    y: PyTree  # unperturbed inner output y_k^N = y^N(x_k) (the next warm start, if enabled)
-    k: jax.Array  # outer iteration count
-    key: jax.Array  # PRNG key
-    counts: Counts  # samples and oracle calls so far
-    outer_state: Any  # state of the outer optimiser (empty for plain steps)
+#: PZOBO's state is the shared single-iterate state: y is the unperturbed inner output
+#: y_k^N = y^N(x_k) (the next warm start, if enabled)
+PathDifferenceState = IterateState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,14 +201,7 @@ class PathDifferenceSolver(Solver):
         return 0 if self.shared_batches else path * self.inner_steps
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> PathDifferenceState:
-        return PathDifferenceState(
-            x=problem.x0,
-            y=problem.y0,
-            k=jnp.zeros((), jnp.int32),
-            key=key,
-            counts=Counts.zeros(),
-            outer_state=self.outer_init(problem.x0),
-        )
+        return self.initial_state(problem, key)
 
     def _inner_transform(self) -> optax.GradientTransformation:
         """The inner optimiser without its learning rate (the path multiplies by lr)."""
