@@ -65,6 +65,28 @@ _ALREADY_COMPILED = set()  # a previous test may have compiled this exact progra
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_other_step_sizes_reuse_the_compilation(name, quad, caplog):
+    """Numeric step sizes are arguments of the compiled program (a grid compiles once), and the
+    values passed in are the ones used: halving them changes the trajectory."""
+    base = settings(name)
+    halved = {
+        k: v / 2
+        for k, v in base.items()
+        if k in ("lr_outer", "lr_inner") and isinstance(v, int | float)
+    }
+    if not halved:
+        pytest.skip("this setting uses schedules for both step sizes")
+    first = bl.solve(quad, bl.solvers.make(name, **base), steps=20, eval_every=10, progress=False)
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        second = bl.solve(
+            quad, bl.solvers.make(name, **base | halved), steps=20, eval_every=10, progress=False
+        )
+        compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not compiles, compiles
+    assert not np.allclose(jax.tree.leaves(first.x)[0], jax.tree.leaves(second.x)[0])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_seeds_vmap_equals_separate_runs(name, quad_sto):
     solver = bl.solvers.make(name, **settings(name) | {"batch_size": 16})
     many = bl.solve(quad_sto, solver, steps=30, seeds=[3, 5], eval_every=10, progress=False)

@@ -9,6 +9,7 @@ a second ``solve`` with an equal solver and a problem of the same structure comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -96,30 +97,32 @@ def _float_leaves_finite(state) -> jax.Array:
     return tree_allfinite(floats)
 
 
-def _make_chunk(solver: Solver, length: int, batched: bool):
-    def one(problem, state):
+def _make_chunk(template: Solver, length: int, batched: bool):
+    def one(problem, state, hyper):
+        solver = template.with_step_sizes(hyper)
+
         def body(s, _):
             return solver.step(problem, s), None
 
         state, _ = jax.lax.scan(body, state, None, length=length)
         return state
 
-    def chunk(problem, state):
-        run = jax.vmap(one, in_axes=(None, 0)) if batched else one
-        return run(problem, state)
+    def chunk(problem, state, hyper):
+        run = jax.vmap(one, in_axes=(None, 0, None)) if batched else one
+        return run(problem, state, hyper)
 
     return chunk
 
 
-def _make_eval(solver: Solver, batched: bool):
-    def one(problem, state):
-        x, y = solver.output(state)
+def _make_eval(template: Solver, batched: bool):
+    def one(problem, state, hyper):
+        x, y = template.with_step_sizes(hyper).output(state)
         metrics = default_metrics(problem, x, y)
         finite = _float_leaves_finite(state) & tree_allfinite(metrics)
         return metrics, state.counts, finite
 
-    def evaluate(problem, state):
-        return (jax.vmap(one, in_axes=(None, 0)) if batched else one)(problem, state)
+    def evaluate(problem, state, hyper):
+        return (jax.vmap(one, in_axes=(None, 0, None)) if batched else one)(problem, state, hyper)
 
     return evaluate
 
@@ -133,25 +136,37 @@ def _compiled(
     batched: bool,
     init=None,
 ):
-    key = (kind, solver, length, batched, _aval_key(problem), _aval_key(state), init)
+    """The compiled ``kind`` program as a function of ``(problem, state)``.
+
+    Numeric step sizes are arguments of the program, not constants in it (see
+    ``Solver.split_step_sizes``), so solvers that differ only in them share one compilation.
+    """
+    template, values = solver.split_step_sizes()
+    # weakly typed, like the Python floats they replace: they take the dtype of what they scale
+    hyper = {name: jnp.asarray(v) for name, v in values.items()}
+    key = (kind, template, length, batched, _aval_key(problem), _aval_key(state), init)
     fn = _COMPILED.get(key)
     if fn is None:
         if kind == "chunk":
-            raw = _make_chunk(solver, length, batched)
+            raw = _make_chunk(template, length, batched)
         elif kind == "eval":
-            raw = _make_eval(solver, batched)
+            raw = _make_eval(template, batched)
         else:  # "init": ``state`` holds the PRNG keys
 
-            def start(problem, key):
+            def start(problem, key, hyper):
                 if init is not None:  # a random start per seed, drawn from its own key
                     x0, y0 = init(jax.random.fold_in(key, 0x5EED))
                     problem = problem.with_start(problem.project_x(x0), y0)
-                return solver.init(problem, key)
+                return template.with_step_sizes(hyper).init(problem, key)
 
-            raw = jax.vmap(start, in_axes=(None, 0)) if batched else start
-        fn = jax.jit(raw).lower(problem, state).compile()
+            raw = jax.vmap(start, in_axes=(None, 0, None)) if batched else start
+        fn = jax.jit(raw).lower(problem, state, hyper).compile()
         _COMPILED[key] = fn
-    return fn
+    return functools.partial(_call_with, fn, hyper)
+
+
+def _call_with(fn, hyper, problem, state):
+    return fn(problem, state, hyper)
 
 
 def _init_states(

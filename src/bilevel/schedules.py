@@ -16,8 +16,8 @@ Schedule = Callable[[Any], Any]
 __all__ = ["Schedule", "constant", "inverse_power", "as_schedule", "check_step_size"]
 
 
-def constant(value: float) -> Schedule:
-    """``k -> value``."""
+def constant(value: Any) -> Schedule:
+    """``k -> value`` (a number or a traced scalar: ``solve`` passes step sizes as arguments)."""
     return lambda k: jnp.asarray(value, dtype=jnp.result_type(float))
 
 
@@ -45,4 +45,4 @@ def check_step_size(value: Any, name: str) -> None:
 
 def as_schedule(value: float | Schedule) -> Schedule:
     """A float becomes a constant schedule; a callable is returned as is."""
-    return value if callable(value) else constant(float(value))
+    return value if callable(value) else constant(value)

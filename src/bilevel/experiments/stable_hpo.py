@@ -128,7 +128,8 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     seeds = min(seeds, cfg["seeds"]) if quick else seeds
     histories, figures, claims, notes, grids, setting = {}, {}, [], [], [], {}
     panels = ("australian",) if quick else ("australian", "ijcnn1", "covtype")
-    for panel in panels:
+    out_dir = Path(out_dir)
+    for done, panel in enumerate(panels, start=1):
         X, y, note = load_panel(panel, log)
         notes.append(note)
         problem = build(X, y, cfg["max_train"])
@@ -151,9 +152,50 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         figures[f"objective_error_{panel}"] = hists
         claims += judge(panel, hists, quick)
         setting[f"{panel} data"] = note
-    out_dir = Path(out_dir)
+        # write after every panel: a long run stopped part-way keeps what it finished
+        result = _write(
+            out_dir,
+            cfg,
+            quick,
+            seeds,
+            panels[:done],
+            panels,
+            histories,
+            figures,
+            claims,
+            notes,
+            grids,
+            setting,
+            time.perf_counter() - t_start,
+        )
+    return result
+
+
+def _write(
+    out_dir,
+    cfg,
+    quick,
+    seeds,
+    done,
+    panels,
+    histories,
+    figures,
+    claims,
+    notes,
+    grids,
+    setting,
+    seconds,
+):
+    """Write the outputs of the panels finished so far (all of them at the end)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.concat(grids).to_csv(out_dir / "grid.csv", index=False)
+    notes = list(notes)
+    if len(done) < len(panels):
+        notes.insert(
+            0,
+            f"PARTIAL: {len(done)} of {len(panels)} panels finished ({', '.join(done)}); "
+            "the run is still going or was stopped.",
+        )
     notes.append(
         "Objective error = F(x_k) - F_hat*, F by a Newton inner solve on the full "
         "training split, F_hat* = the best F reached by any run on that dataset."
@@ -162,6 +204,7 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         f"Constants: best of {GRID_VALUES} for (lr_outer, lr_inner) by a "
         f"{cfg['grid_steps']}-step grid search (grid.csv), the same grid for all methods."
     )
+    setting = dict(setting)
     setting.update(
         {
             "steps": cfg["steps"],
@@ -178,7 +221,7 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         claims=claims,
         notes=notes,
         quick=quick,
-        seconds=time.perf_counter() - t_start,
+        seconds=seconds,
         metric="objective_error",
         figures=figures,
         setting=setting,

@@ -16,6 +16,7 @@ hashable and a second ``solve`` with an equal solver reuses the compiled program
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from typing import Any, ClassVar, NamedTuple
 
@@ -135,6 +136,35 @@ class Solver(abc.ABC):
                     f"batch_size={bs} is larger than the {label} data ({n} samples); use "
                     f"batch_size <= {n} or None for full batches."
                 )
+
+    # ---- step sizes as traced arguments ------------------------------------------------------
+    #: fields lifted out of the compiled program when they are plain numbers (see below)
+    traced_fields: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner")
+
+    def split_step_sizes(self) -> tuple[Solver, dict[str, float]]:
+        """``(template, values)``: this solver with its numeric step sizes lifted out.
+
+        ``solve`` compiles ``template`` once and feeds ``values`` in as traced scalars, so a
+        grid over ``lr_outer``/``lr_inner`` (or a second solve with other step sizes) reuses one
+        compilation. The template holds the placeholder 1.0 and is only ever used, after
+        :meth:`with_step_sizes`, inside the traced program. Schedules (callables) and strings
+        stay static.
+        """
+        values = {
+            name: float(getattr(self, name))
+            for name in self.traced_fields
+            if isinstance(getattr(self, name, None), int | float)
+            and not isinstance(getattr(self, name), bool)
+        }
+        return self.with_step_sizes(dict.fromkeys(values, 1.0)), values
+
+    def with_step_sizes(self, values: dict[str, Any]) -> Solver:
+        """A copy with the fields of ``values`` set (possibly to tracers), without validation:
+        the values were validated when this solver was built."""
+        out = copy.copy(self)
+        for name, value in values.items():
+            object.__setattr__(out, name, value)
+        return out
 
     # ---- the contract ----------------------------------------------------------------------
     @abc.abstractmethod
