@@ -64,12 +64,18 @@ def hypergradient(
 def default_metrics(problem: BilevelProblem, x: PyTree, y: PyTree) -> dict[str, jax.Array]:
     """Cheap metrics every problem gets: full-data outer loss and inner gradient norm.
 
-    Plus the problem's own ``metrics(x, y)`` (exact ones for closed-form problems).
+    Plus the problem's own ``metrics(x, y)`` (exact ones for closed-form problems). A problem
+    whose full data is too large to evaluate often may return its own ``outer_loss`` /
+    ``inner_grad_norm`` (on a fixed subset, say, documented by the problem); those replace the
+    full-data ones, which are then not computed.
     """
-    out = {
-        "outer_loss": problem.outer(x, y, problem.outer_data),
-        "inner_grad_norm": tree_norm(oracles.grad_y(problem.inner, x, y, problem.inner_data)),
-    }
+    own = {}
     if problem.metrics is not None:
-        out.update({k: jnp.asarray(v) for k, v in problem.metrics(x, y).items()})
+        own = {k: jnp.asarray(v) for k, v in problem.metrics(x, y).items()}
+    out = {}
+    if "outer_loss" not in own:
+        out["outer_loss"] = problem.outer(x, y, problem.outer_data)
+    if "inner_grad_norm" not in own:
+        out["inner_grad_norm"] = tree_norm(oracles.grad_y(problem.inner, x, y, problem.inner_data))
+    out.update(own)
     return out

@@ -141,10 +141,13 @@ def grid_search(
     metric: str,
     eval_every: int | None = None,
     seeds: int = 1,
+    init=None,
 ) -> tuple[dict, pd.DataFrame]:
     """Try every combination of ``grid`` on top of ``base``; the best by final ``metric``.
 
-    A diverged or non-finite run scores +inf. Returns (best hyperparameters, table of all).
+    Each point runs ``seeds`` vmapped seeds (from ``init``'s random starts when given, as
+    ``bl.solve(init=...)``) and scores their mean final ``metric``; a point where any seed
+    diverged or ended non-finite scores +inf. Returns (best hyperparameters, table of all).
     A one-point grid (quick runs) has nothing to choose: it is returned without a run, its
     score written as NaN.
     """
@@ -167,6 +170,7 @@ def grid_search(
                 seeds=list(range(seeds)),
                 eval_every=eval_every or steps,
                 progress=False,
+                init=init,
             )
         score = final_mean(res.history, metric) if res.ok else math.inf
         if not math.isfinite(score) or res.history.step.max() < steps:
