@@ -326,6 +326,52 @@ def test_lenet5_shapes():
     assert jax.eval_shape(models.lenet5_features, params, imgs).shape == (2, 84)
 
 
+def test_lenet_layers_equal_their_xla_references():
+    """The fast forms of LeNet's layers (shifted multiply-adds for the one-channel conv, max of
+    strided sub-grids for pooling) against lax.conv / lax.reduce_window: values and both
+    first derivatives (random inputs: no ties in the max)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 1, 12, 10)))
+    p = {"w": jnp.asarray(rng.standard_normal((4, 1, 5, 5))), "b": jnp.asarray([1.0, 2, 3, 4])}
+
+    def conv_ref(x, p):
+        out = jax.lax.conv_general_dilated(
+            x, p["w"], (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")
+        )
+        return out + p["b"][None, :, None, None]
+
+    def pool_ref(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+    for fast, ref in ((models._conv, conv_ref), (lambda x, p: models._maxpool2(x), None)):
+        ref = ref or (lambda x, p: pool_ref(x))
+        np.testing.assert_allclose(fast(x, p), ref(x, p), rtol=1e-12, atol=1e-12)
+        for argnum in (0, 1):
+            g_fast = jax.grad(lambda *a, fn=fast: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
+            g_ref = jax.grad(lambda *a, fn=ref: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
+            for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref), strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_problem_metrics_may_replace_the_full_data_defaults():
+    rng = np.random.default_rng(0)
+    imgs = rng.standard_normal((8, 28, 28))
+    labels = rng.integers(0, 3, 8)
+    args = (imgs[:5], labels[:5], imgs[5:], labels[5:])
+    sub = hr.deep_hyper_representation(*args, num_classes=3, beta=0.1, eval_size=2)
+    full = hr.deep_hyper_representation(*args, num_classes=3, beta=0.1, eval_size=None)
+    head = _random_like(sub.y0, 1)
+    m_sub = bl.metrics.default_metrics(sub, sub.x0, head)
+    m_full = bl.metrics.default_metrics(full, full.x0, head)
+    # eval_size: outer_loss is the loss on the fixed evaluation subset, not the full data
+    np.testing.assert_allclose(m_sub["outer_loss"], m_sub["eval_loss"])
+    np.testing.assert_allclose(m_full["outer_loss"], full.outer(full.x0, head, full.outer_data))
+    assert not np.isclose(m_sub["outer_loss"], m_full["outer_loss"])
+    grad = oracles.grad_y(full.inner, full.x0, head, full.inner_data)
+    np.testing.assert_allclose(m_full["inner_grad_norm"], np.linalg.norm(ravel_pytree(grad)[0]))
+    assert np.isfinite(m_sub["inner_grad_norm"]) and m_sub["inner_grad_norm"] > 0
+
+
 def test_deep_hyper_representation_ift_and_metrics():
     rng = np.random.default_rng(0)
     imgs = rng.standard_normal((8, 28, 28))
