@@ -10,7 +10,10 @@ iteration count), ``key`` (the PRNG key, split inside ``step``) and ``counts``
 (:class:`bilevel.oracles.Counts`). The driver (:func:`bilevel.solve`) owns the loop.
 
 Hyperparameters are static (Python numbers, strings or schedule functions), so the dataclass is
-hashable and a second ``solve`` with an equal solver reuses the compiled program.
+hashable and a second ``solve`` with an equal solver reuses the compiled program. The numeric
+step sizes ``lr_outer`` / ``lr_inner`` are the exception: ``solve`` passes them into the compiled
+program as arguments (``Solver.split_step_sizes``), so solvers that differ only in them (a grid
+search) share one compilation; ``step`` must therefore only do arithmetic with them.
 """
 
 from __future__ import annotations
