@@ -17,6 +17,7 @@ best value any run reached (the spec's "best value found"); the plot floors erro
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -128,12 +129,11 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t_start = time.perf_counter()
     cfg = QUICK if quick else FULL
     seeds = min(seeds, cfg["seeds"]) if quick else seeds
-    histories, figures, claims, notes, grids, setting = {}, {}, [], [], [], {}
+    got = _Collected()
     panels = ("australian",) if quick else ("australian", "ijcnn1", "covtype")
-    out_dir = Path(out_dir)
     for done, panel in enumerate(panels, start=1):
         X, y, note = load_panel(panel, log)
-        notes.append(note)
+        got.notes.append(note)
         problem = build(X, y, cfg["max_train"])
         init = random_start(problem)
         methods = []
@@ -152,55 +152,40 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
                 init=init,
             )
             table.insert(0, "dataset", panel)
-            grids.append(table)
+            got.grids.append(table)
             methods.append(Method(label, solver, hyper, cfg["steps"], cfg["eval_every"]))
             log(f"{panel}: {label} grid best {hyper}")
         hists = run_methods(problem, methods, seeds=seeds, log=log, init=init)
         best = min(float(h.F.min()) for h in hists.values())
         for label, h in hists.items():
             h["objective_error"] = np.maximum(h.F - best, 1e-7)
-            histories[f"{panel} {label}"] = h
-        figures[f"objective_error_{panel}"] = hists
-        claims += judge(panel, hists, quick)
-        setting[f"{panel} data"] = note
+            got.histories[f"{panel} {label}"] = h
+        got.figures[f"objective_error_{panel}"] = hists
+        got.claims += judge(panel, hists, quick)
+        got.setting[f"{panel} data"] = note
         # write after every panel: a long run stopped part-way keeps what it finished
-        result = _write(
-            out_dir,
-            cfg,
-            quick,
-            seeds,
-            panels[:done],
-            panels,
-            histories,
-            figures,
-            claims,
-            notes,
-            grids,
-            setting,
-            time.perf_counter() - t_start,
-        )
+        seconds = time.perf_counter() - t_start
+        result = _write(Path(out_dir), cfg, quick, seeds, got, panels[:done], panels, seconds)
     return result
 
 
-def _write(
-    out_dir,
-    cfg,
-    quick,
-    seeds,
-    done,
-    panels,
-    histories,
-    figures,
-    claims,
-    notes,
-    grids,
-    setting,
-    seconds,
-):
+@dataclasses.dataclass
+class _Collected:
+    """What the panels finished so far produced."""
+
+    histories: dict = dataclasses.field(default_factory=dict)
+    figures: dict = dataclasses.field(default_factory=dict)
+    claims: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
+    grids: list = dataclasses.field(default_factory=list)
+    setting: dict = dataclasses.field(default_factory=dict)
+
+
+def _write(out_dir, cfg, quick, seeds, got: _Collected, done, panels, seconds):
     """Write the outputs of the panels finished so far (all of them at the end)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    pd.concat(grids).to_csv(out_dir / "grid.csv", index=False)
-    notes = list(notes)
+    pd.concat(got.grids).to_csv(out_dir / "grid.csv", index=False)
+    notes = list(got.notes)
     if len(done) < len(panels):
         notes.insert(
             0,
@@ -216,7 +201,7 @@ def _write(
         f"{cfg['grid_steps']}-step grid search (grid.csv) over {cfg['grid_seeds']} random "
         "starts (a point where any start diverges is out), the same grid for all methods."
     )
-    setting = dict(setting)
+    setting = dict(got.setting)
     setting.update(
         {
             "steps": cfg["steps"],
@@ -229,13 +214,13 @@ def _write(
         "stable-hpo",
         out_dir,
         title="STABLE L2 HPO (Chen et al. 2021, Fig. 2)",
-        histories=histories,
-        claims=claims,
+        histories=got.histories,
+        claims=got.claims,
         notes=notes,
         quick=quick,
         seconds=seconds,
         metric="objective_error",
-        figures=figures,
+        figures=got.figures,
         setting=setting,
     )
 
@@ -266,11 +251,19 @@ def judge(panel: str, hists: dict[str, pd.DataFrame], quick: bool) -> list[Claim
             )
         )
     finals = {label: final_mean(h, "objective_error") for label, h in hists.items()}
+    # a diverged seed's history stops early; the means above are over the seeds still running
+    stopped = {
+        label: int((h.groupby("seed").step.max() < h.step.max()).sum())
+        for label, h in hists.items()
+    }
+    n_seeds = {label: h.seed.nunique() for label, h in hists.items()}
     out.append(
         Claim(
-            f"{panel}: final objective errors (after equal iterations)",
+            f"{panel}: final objective errors (after equal iterations; diverged starts)",
             "-",
-            ", ".join(f"{k} {v:.3g}" for k, v in finals.items()),
+            ", ".join(
+                f"{k} {v:.3g} ({stopped[k]}/{n_seeds[k]} diverged)" for k, v in finals.items()
+            ),
             "recorded",
         )
     )
