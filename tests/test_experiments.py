@@ -71,3 +71,27 @@ def test_wrong_dataset_file_says_which_file_and_what(tmp_path, monkeypatch):
     )
     assert out.exit_code == 2
     assert "australian_scale" in out.output and "line 2" in out.output
+
+
+def test_grid_search_scores_every_start_and_rules_out_divergence():
+    import math
+
+    import jax
+
+    import bilevel as bl
+    from bilevel.experiments.common import grid_search
+
+    problem = bl.problems.quadratic()
+    base = {"lr_inner": 0.05}
+    grid = {"lr_outer": [1e4, 0.05, 0.01]}  # 1e4 diverges
+
+    def far_start(key):  # random starts far from x0: the scores must move with them
+        return 10.0 + jax.random.normal(key, problem.x0.shape), problem.y0
+
+    kw = dict(steps=40, metric="F_gap", seeds=3)
+    best, table = grid_search(problem, "stocbio", base, grid, **kw)
+    _, table_far = grid_search(problem, "stocbio", base, grid, init=far_start, **kw)
+    assert best == {"lr_inner": 0.05, "lr_outer": 0.05}
+    assert math.isinf(table.F_gap[0]) and math.isinf(table_far.F_gap[0])
+    assert np.all(np.isfinite(table.F_gap[1:])) and table.F_gap[1] < table.F_gap[2]
+    assert np.all(table_far.F_gap[1:] > table.F_gap[1:])  # started far away: higher F_gap
