@@ -339,20 +339,12 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
 
 
 # ---- E3 ----------------------------------------------------------------------------------------
-@register(
-    "pzobo-deep-hyperrep",
-    "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E3 / Fig. 3",
-    "LeNet-5 features on (Fashion-)MNIST: PZOBO-S vs stochastic AID-FP/CG, stocBiO",
-    default_seeds=1,
-)
-def run_e3(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
-    import optax
-
+def e3_problem(quick: bool, log=print):
+    """E3's problem (LeNet-5 features on (Fashion-)MNIST) and the data note."""
     from .datasets import mnist_or_substitute
 
-    t0 = time.perf_counter()
     (img_tr, lab_tr, img_te, lab_te), note = mnist_or_substitute(log)
-    n_in, n_out, steps = (256, 256, 4) if quick else (10000, 60000, 1000)
+    n_in, n_out = (256, 256) if quick else (10000, 60000)
     mean, std = img_tr.mean(), img_tr.std()
     problem = deep_hyper_representation(
         (img_te[:n_in] - mean) / std,
@@ -361,9 +353,15 @@ def run_e3(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         lab_tr[:n_out],
         eval_size=100 if quick else 2000,
     )
-    every = 2 if quick else 50
-    # quick: also shorter inner loops (N = K = 3 instead of 10)
-    n_steps = 3 if quick else 10
+    return problem, note, n_in, n_out
+
+
+def e3_methods(quick: bool) -> tuple[list[Method], list[Method], int]:
+    """E3's four methods, the PZOBO-S N-sweep runs (panel (c)), and the main N."""
+    import optax
+
+    steps, every = (4, 2) if quick else (1000, 50)
+    n_steps = 3 if quick else 10  # quick: also shorter inner loops (N = K = 3)
     # the code's outer Adam: lr 0.001, 5e-4 from step 80, 1e-4 from step 180 (spec E3)
     lr_outer = optax.piecewise_constant_schedule(1e-3, {80: 0.5, 180: 0.2})
     common = dict(batch_size=32 if quick else 256, outer_optimizer="adam", lr_outer=lr_outer)
@@ -395,13 +393,28 @@ def run_e3(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     # panel (c): PZOBO-S with other N (the N = n_steps curve is the main run's)
     sweep_ns = (2,) if quick else (5, 20)
     sweep = [Method(f"PZOBO-S N={n}", "pzobo-s", pzobo_s(n), steps, every) for n in sweep_ns]
+    return methods, sweep, n_steps
+
+
+@register(
+    "pzobo-deep-hyperrep",
+    "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E3 / Fig. 3",
+    "LeNet-5 features on (Fashion-)MNIST: PZOBO-S vs stochastic AID-FP/CG, stocBiO",
+    default_seeds=1,
+)
+def run_e3(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
+    t0 = time.perf_counter()
+    problem, note, n_in, n_out = e3_problem(quick, log)
+    methods, sweep, n_steps = e3_methods(quick)
     setting = {
         "inner data": f"test split, {n_in}",
         "outer data": f"train split, {n_out}",
-        "steps": steps,
+        "steps": methods[0].steps,
         "inner steps N (and K)": n_steps,
         "outer optimiser": "Adam, lr 1e-3, 5e-4 from step 80, 1e-4 from step 180",
-        "N-sweep (PZOBO-S)": ", ".join(str(n) for n in (*sweep_ns, n_steps)),
+        "N-sweep (PZOBO-S)": ", ".join(
+            str(n) for n in sorted([m.hyper["inner_steps"] for m in sweep] + [n_steps])
+        ),
         "seeds": seeds,
     }
     hists: dict = {}
