@@ -200,7 +200,12 @@ def test_counter_totals_survive_int32_wraparound(quad_sto):
     )
     state = jax.jit(solver.init)(quad_sto, jax.random.PRNGKey(0))
     big = state.counts._replace(samples_inner=np.int32(2**31 - 10))
-    evaluate = bl.run._make_eval(solver, False)
+    template, step_sizes = solver.split_step_sizes()
+    raw = bl.run._make_eval(template, False)
+
+    def evaluate(problem, state):
+        return raw(problem, state, step_sizes)
+
     _, c1, _ = evaluate(quad_sto, state._replace(counts=big))
     stepped = jax.jit(solver.step)(quad_sto, state._replace(counts=big))
     _, c2, _ = evaluate(quad_sto, stepped)
