@@ -47,8 +47,13 @@ def plot_history(
     metric = metric or headline_metric(first)
     fig, axes = plt.subplots(1, len(xs), figsize=(5.2 * len(xs), 3.8), squeeze=False)
     for ax, x in zip(axes[0], xs, strict=True):
+        # one x-axis per panel: fall back to steps only if no curve has this column (a run
+        # that stopped at its first evaluation has samples = 0 and must not relabel the panel)
+        has = [x in h.columns and h[x].max() > 0 for h in histories.values()]
+        xcol = x if any(has) else "step"
         for label, hist in histories.items():
-            xcol = x if x in hist.columns and hist[x].max() > 0 else "step"
+            if xcol not in hist.columns:
+                continue
             stats = mean_std(hist, xcol, metric)
             ax.plot(stats[xcol], stats["mean"], label=label)
             lo = stats["mean"] - stats["std"]
