@@ -327,30 +327,60 @@ def test_lenet5_shapes():
 
 
 def test_lenet_layers_equal_their_xla_references():
-    """The fast forms of LeNet's layers (shifted multiply-adds for the one-channel conv, max of
+    """The fast forms of LeNet's layers (window matrix products for the convolutions, max of
     strided sub-grids for pooling) against lax.conv / lax.reduce_window: values and both
-    first derivatives (random inputs: no ties in the max)."""
+    first derivatives (random inputs: no ties in the max), for one and several channels."""
     rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((3, 1, 12, 10)))
-    p = {"w": jnp.asarray(rng.standard_normal((4, 1, 5, 5))), "b": jnp.asarray([1.0, 2, 3, 4])}
 
     def conv_ref(x, p):
         out = jax.lax.conv_general_dilated(
-            x, p["w"], (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")
+            x,
+            jnp.transpose(p["w"], (2, 3, 1, 0)),
+            (1, 1),
+            "VALID",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
         )
-        return out + p["b"][None, :, None, None]
+        return out + p["b"][None, None, None, :]
 
-    def pool_ref(x):
+    def pool_ref(x, p):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    def pool_fast(x, p):
+        return models._maxpool2(x)
+
+    for cin in (1, 3):
+        x = jnp.asarray(rng.standard_normal((3, 12, 10, cin)))  # NHWC
+        p = {"w": jnp.asarray(rng.standard_normal((4, cin, 5, 5))), "b": jnp.arange(1.0, 5.0)}
+        for fast, ref in ((models._conv_nhwc, conv_ref), (pool_fast, pool_ref)):
+            np.testing.assert_allclose(fast(x, p), ref(x, p), rtol=1e-12, atol=1e-12)
+            for argnum in (0, 1):
+                g_fast = jax.grad(lambda *a, fn=fast: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
+                g_ref = jax.grad(lambda *a, fn=ref: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
+                for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref), strict=True):
+                    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_lenet5_features_equal_an_nchw_reference():
+    """The NHWC network equals PyTorch's NCHW LeNet-5 written with lax.conv (OIHW kernels as
+    PyTorch stores them), so parameters keep PyTorch's meaning."""
+    params = models.init_lenet5(3, dtype=np.float64)
+    imgs = jnp.asarray(np.random.default_rng(1).standard_normal((2, 1, 32, 32)))
+
+    def conv(x, p):
+        dn = ("NCHW", "OIHW", "NCHW")
+        return (
+            jax.lax.conv_general_dilated(x, p["w"], (1, 1), "VALID", dimension_numbers=dn)
+            + p["b"][None, :, None, None]
+        )
+
+    def pool(x):
         return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
-    for fast, ref in ((models._conv, conv_ref), (lambda x, p: models._maxpool2(x), None)):
-        ref = ref or (lambda x, p: pool_ref(x))
-        np.testing.assert_allclose(fast(x, p), ref(x, p), rtol=1e-12, atol=1e-12)
-        for argnum in (0, 1):
-            g_fast = jax.grad(lambda *a, fn=fast: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
-            g_ref = jax.grad(lambda *a, fn=ref: jnp.sum(jnp.sin(fn(*a))), argnum)(x, p)
-            for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_ref), strict=True):
-                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    h = pool(jax.nn.relu(conv(imgs, params["conv1"])))
+    h = pool(jax.nn.relu(conv(h, params["conv2"])))
+    h = jax.nn.relu(conv(h, params["conv3"])).reshape(2, 120)
+    ref = jax.nn.relu(h @ params["fc"]["w"] + params["fc"]["b"][None, :])
+    np.testing.assert_allclose(models.lenet5_features(params, imgs), ref, rtol=1e-10, atol=1e-12)
 
 
 def test_problem_metrics_may_replace_the_full_data_defaults():
