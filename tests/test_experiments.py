@@ -46,6 +46,8 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
         assert "SUBSTITUTE for australian: scikit-learn breast_cancer" in claims
     assert "QUICK RUN" in claims and "| claim | paper | measured | verdict |" in claims
     assert list(root.glob("*.png")), "no figure written"
+    if name == "pzobo-hyperrep-2layer":  # panel (e) and the N-sweep (f) beside the main one
+        assert (root / "hypergrad_norm.png").exists() and (root / "n_sweep.png").exists()
     curves = list((root / "curves").glob("*.csv"))
     assert curves
     for path in curves:
@@ -95,3 +97,38 @@ def test_grid_search_scores_every_start_and_rules_out_divergence():
     assert math.isinf(table.F_gap[0]) and math.isinf(table_far.F_gap[0])
     assert np.all(np.isfinite(table.F_gap[1:])) and table.F_gap[1] < table.F_gap[2]
     assert np.all(table_far.F_gap[1:] > table.F_gap[1:])  # started far away: higher F_gap
+
+
+def test_unrolled_grad_norm_is_the_gradient_of_the_unrolled_loss():
+    """E2 panel (e)'s metric: ||d/dx f(x, w^N(x))|| against central differences of the
+    outer_loss_N metric itself (float64, step 1e-6: truncation error ~1e-12 relative)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.flatten_util import ravel_pytree
+
+    from bilevel.experiments.pzobo_experiments import with_unrolled_loss
+    from bilevel.problems import hyper_representation, synthetic_hyperrep_data
+
+    data = synthetic_hyperrep_data("2layer", m=3, d=2, n=20, hidden=2, seed=1)
+    base = hyper_representation(*data, kind="2layer", d=2, hidden=2, gamma=0.5, seed=1)
+    problem = with_unrolled_loss(base, 4, 0.1, grad_norm=True)
+    flat, unravel = ravel_pytree(problem.x0)
+    metrics = jax.jit(lambda fx: problem.metrics(unravel(fx), problem.y0))
+    h = 1e-6
+    fd = np.array(
+        [
+            (metrics(flat + h * e)["outer_loss_N"] - metrics(flat - h * e)["outer_loss_N"])
+            / (2 * h)
+            for e in np.eye(flat.size)
+        ]
+    )
+    m0 = metrics(flat)
+    assert (
+        abs(
+            m0["outer_loss_N"]
+            - with_unrolled_loss(base, 4, 0.1).metrics(problem.x0, problem.y0)["outer_loss_N"]
+        )
+        < 1e-12
+    )
+    np.testing.assert_allclose(m0["grad_norm_N"], np.linalg.norm(fd), rtol=1e-6)
+    assert float(jnp.linalg.norm(fd)) > 1e-3  # not a trivially zero gradient

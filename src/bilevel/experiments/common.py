@@ -206,8 +206,12 @@ def write_outputs(
     figures: dict[str, dict[str, pd.DataFrame]] | None = None,
     setting: dict | None = None,
     logy: bool = True,
+    figure_metrics: dict[str, str] | None = None,
 ) -> ExperimentOutput:
-    """Write curves/*.csv, the figures (PNG) and claims.md into ``out_dir``."""
+    """Write curves/*.csv, the figures (PNG) and claims.md into ``out_dir``.
+
+    Each figure plots ``metric`` unless ``figure_metrics`` names another for it.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     curves = out_dir / "curves"
     curves.mkdir(exist_ok=True)
@@ -219,7 +223,7 @@ def write_outputs(
         plot_history(
             group,
             out_dir / f"{fig_name}.png",
-            metric=metric,
+            metric=(figure_metrics or {}).get(fig_name, metric),
             title=title + (" [QUICK RUN]" if quick else ""),
             logy=logy,
         )
