@@ -15,6 +15,7 @@ GD with step 0.001 and no warm start (fixed y0 = p0) in E1/E2, Adam as the outer
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -447,19 +448,36 @@ def run_e3(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         ),
         "seeds": seeds,
     }
+    run = _E3Outputs(Path(out_dir), methods, sweep, n_steps, note, quick, setting, t0)
     hists: dict = {}
     result = None
-    todo = methods + sweep
-    for done, method in enumerate(todo, start=1):
+    for done, method in enumerate(methods + sweep, start=1):
         hists.update(run_methods(problem, [method], seeds=seeds, log=log))
         # written after every method: a long run stopped part-way keeps what it finished
-        result = _write_e3(
-            out_dir, hists, methods, sweep, n_steps, note, quick, setting, t0, done, len(todo)
-        )
+        result = run.write(hists, done)
     return result
 
 
-def _write_e3(out_dir, hists, methods, sweep, n_steps, note, quick, setting, t0, done, total):
+@dataclasses.dataclass(frozen=True)
+class _E3Outputs:
+    """What E3 writes, rewritten after every finished run (claims need every run they use)."""
+
+    out_dir: Path
+    methods: list[Method]
+    sweep: list[Method]
+    n_steps: int
+    note: str
+    quick: bool
+    setting: dict
+    t0: float
+
+    def write(self, hists: dict, done: int):
+        return _write_e3(self, hists, done)
+
+
+def _write_e3(run: _E3Outputs, hists: dict, done: int):
+    methods, sweep, n_steps, quick = run.methods, run.sweep, run.n_steps, run.quick
+    total = len(methods) + len(sweep)
     main = {m.label: hists[m.label] for m in methods if m.label in hists}
     acc = {label: final_mean(h, "eval_acc") for label, h in main.items()}
     claims = []
@@ -485,7 +503,7 @@ def _write_e3(out_dir, hists, methods, sweep, n_steps, note, quick, setting, t0,
                 _verdict(quick, spread <= 0.02),
             )
         )
-    notes = [note]
+    notes = [run.note]
     if done < total:
         notes.insert(
             0,
@@ -497,16 +515,16 @@ def _write_e3(out_dir, hists, methods, sweep, n_steps, note, quick, setting, t0,
         figures["n_sweep"] = n_curves
     return write_outputs(
         "pzobo-deep-hyperrep",
-        Path(out_dir),
+        run.out_dir,
         title="PZOBO E3: deep hyper-representation (LeNet-5)",
         histories=hists,
         claims=claims,
         notes=notes,
         quick=quick,
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - run.t0,
         metric="eval_loss",
         figures=figures,
-        setting=setting,
+        setting=run.setting,
     )
 
 
