@@ -3,8 +3,9 @@
 * losses: :func:`logistic_loss` (binary, labels +-1), :func:`softmax_cross_entropy` (per-sample
   multinomial cross-entropy with integer labels) and :func:`accuracy`;
 * models: :func:`linear` (``X W + b``), a ReLU :func:`mlp` with :func:`init_mlp`, and
-  the LeNet-5 feature extractor :func:`lenet5_features` with :func:`init_lenet5`, written with
-  ``jax.lax.conv_general_dilated`` (max-pooling as a max over a reshape, see ``_maxpool2``);
+  the LeNet-5 feature extractor :func:`lenet5_features` with :func:`init_lenet5`, its
+  convolutions as matrix products of the stacked windows in NHWC (``_conv_nhwc``, faster than
+  XLA:CPU's convolution inside solver loops) and max-pooling over strided sub-grids;
 * input checks (``check_features``, ``check_labels``...) that raise ``ValueError`` naming the
   offending argument of the calling factory, and :func:`float_dtype`.
 
