@@ -132,3 +132,13 @@ def test_unrolled_grad_norm_is_the_gradient_of_the_unrolled_loss():
     )
     np.testing.assert_allclose(m0["grad_norm_N"], np.linalg.norm(fd), rtol=1e-6)
     assert float(jnp.linalg.norm(fd)) > 1e-3  # not a trivially zero gradient
+
+
+def test_e2_starts_away_from_the_data_generating_model():
+    """The data and the default starts both draw from numpy seeds: with the same seed E2 began
+    at (H1*, H2*, w*) themselves, outer loss at the noise level 0.1^2 / 2 (a bug once). The
+    start must be an independent draw: loss far above the noise (~4.97 at the quick size)."""
+    from bilevel.experiments.pzobo_experiments import e2_problem
+
+    problem, _, _ = e2_problem(quick=True)
+    assert problem.metrics(problem.x0, problem.y0)["outer_loss_N"] > 1.0

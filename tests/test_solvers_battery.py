@@ -132,3 +132,21 @@ def test_divergence_is_reported_and_history_kept(name, quad):
     with pytest.raises(bl.DivergenceError) as err:
         bl.solve(quad, solver, steps=400, eval_every=5, progress=False, on_divergence="raise")
     assert err.value.result.diverged == [0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_records_the_norm_of_its_hypergradient_estimate(name, quad):
+    """``hypergrad_estimate_norm`` is the norm of the direction of the last outer step: with
+    plain steps on an unconstrained problem, x_1 = x_0 - lr_0 * direction, so it must equal
+    ||x_1 - x_0|| / lr_0 (and be 0 at step 0, before any direction exists)."""
+    from jax.flatten_util import ravel_pytree
+
+    from bilevel.schedules import as_schedule
+
+    solver = bl.solvers.make(name, **dict(settings(name), outer_optimizer="sgd"))
+    res = bl.solve(quad, solver, steps=1, eval_every=1, progress=False)
+    norms = res.history.hypergrad_estimate_norm.to_numpy()
+    moved = np.linalg.norm(ravel_pytree(res.x)[0] - ravel_pytree(quad.x0)[0])
+    lr0 = float(as_schedule(solver.lr_outer)(0))
+    assert norms[0] == 0.0 and moved > 0
+    np.testing.assert_allclose(norms[-1], moved / lr0, rtol=1e-10)

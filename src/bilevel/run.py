@@ -29,7 +29,7 @@ from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
 from .problem import BilevelProblem
-from .solvers.base import Solver
+from .solvers.base import OuterState, Solver
 
 PyTree = Any
 
@@ -118,6 +118,9 @@ def _make_eval(template: Solver, batched: bool):
     def one(problem, state, hyper):
         x, y = template.with_step_sizes(hyper).output(state)
         metrics = default_metrics(problem, x, y)
+        outer_state = getattr(state, "outer_state", None)
+        if isinstance(outer_state, OuterState):  # the last hypergradient estimate's norm
+            metrics["hypergrad_estimate_norm"] = outer_state.direction_norm
         finite = _float_leaves_finite(state) & tree_allfinite(metrics)
         return metrics, state.counts, finite
 

@@ -233,14 +233,10 @@ E2_NOTEBOOK = {"PZOBO": 2.5e-4, "AID-FP": 1.5e-4, "AID-CG": 0.029, "HOZOG": 26.6
 E2_SWEEP_NOTEBOOK = {5: 8.9e-4, 10: 2.0e-4, 20: 1.8e-4, 50: 3.7e-3}
 
 
-@register(
-    "pzobo-hyperrep-2layer",
-    "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E2 / Fig. 2d-f",
-    "two-layer sigmoid hyper-representation: PZOBO vs AID-FP/CG, ITD-R, HOZOG",
-    default_seeds=1,
-)
-def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
-    t0 = time.perf_counter()
+def e2_problem(quick: bool):
+    """E2's problem (the notebook's synthetic two-layer data), its size, and the problem with
+    the notebook's metric (the loss after N = 10 GD steps of 0.001 from p0, and its gradient).
+    """
     size = (
         dict(m=32, hidden=64, d=32, n=500, steps=20)
         if quick
@@ -249,11 +245,23 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     Xi, Yi, Xo, Yo = synthetic_hyperrep_data(
         "2layer", m=size["m"], d=size["d"], n=size["n"], hidden=size["hidden"], seed=0
     )
-    problem = hyper_representation(
-        Xi, Yi, Xo, Yo, kind="2layer", d=size["d"], hidden=size["hidden"], gamma=0.001, seed=0
+    # starts from seed 1: the data used seed 0, and the same seed would start at the data's
+    # own (H1*, H2*, w*), where the loss is the noise level
+    base = hyper_representation(
+        Xi, Yi, Xo, Yo, kind="2layer", d=size["d"], hidden=size["hidden"], gamma=0.001, seed=1
     )
-    base_problem = problem
-    problem = with_unrolled_loss(problem, 10, 0.001, grad_norm=True)
+    return with_unrolled_loss(base, 10, 0.001, grad_norm=True), base, size
+
+
+@register(
+    "pzobo-hyperrep-2layer",
+    "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E2 / Fig. 2d-f",
+    "two-layer sigmoid hyper-representation: PZOBO vs AID-FP/CG, ITD-R, HOZOG",
+    default_seeds=1,
+)
+def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
+    t0 = time.perf_counter()
+    problem, base_problem, size = e2_problem(quick)
     common = dict(lr_inner=0.001, inner_steps=10, outer_optimizer="adam", warm_start=False)
     steps = size["steps"]
     methods = [
@@ -291,19 +299,23 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
             _verdict(quick, finals["HOZOG"] > 100 * finals["PZOBO"]),
         )
     ]
-    # panel (e): the norm of the hypergradient of the notebook's objective f(x, w^N(x)), exact
-    # (autodiff through the N steps) at each evaluated x_k; the paper plots each method's own
-    # estimate. Criterion fixed before the run: HOZOG "flat" = ends above half its start,
-    # PZOBO ends below a tenth of its start.
-    start = {k: float(h.loc[h["step"] == 0, "grad_norm_N"].mean()) for k, h in hists.items()}
-    ratio = {k: final_mean(h, "grad_norm_N") / start[k] for k, h in hists.items()}
+    # panel (e): the norm of each method's own hypergradient estimate (what the notebook plots),
+    # beside the exact gradient norm of the notebook's objective f(x, w^N(x)) at the same x_k.
+    # Criterion fixed before the run: HOZOG's estimate norms (median over the evaluations after
+    # step 0) within the notebook's range 1e-4 to 2e-2, widened 3x either side.
+    est = {
+        k: float(h.loc[h["step"] > 0, "hypergrad_estimate_norm"].median()) for k, h in hists.items()
+    }
+    exact = {k: final_mean(h, "grad_norm_N") for k, h in hists.items()}
     claims.append(
         Claim(
-            "(e) HOZOG's hypergradient norm stays flat (no descent direction); PZOBO's falls",
-            "figure only (no numbers)",
-            "final/start of ||grad f(x_k, w^N(x_k))||: "
-            + ", ".join(f"{k} {v:.3g}" for k, v in ratio.items()),
-            _verdict(quick, ratio["HOZOG"] > 0.5 and ratio["PZOBO"] < 0.1),
+            "(e) HOZOG's hypergradient estimate is flat and near zero: no descent direction",
+            "HOZOG's estimate norm stays around 1e-4 to 2e-2 (notebook)",
+            "median estimate norm: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in est.items())
+            + "; exact ||grad f(x_K, w^N(x_K))|| at the end: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in exact.items()),
+            _verdict(quick, 1e-4 / 3 <= est["HOZOG"] <= 2e-2 * 3),
         )
     )
     # panel (f): PZOBO-N with the notebook's inner step 0.0003, each N judged by its own
@@ -328,9 +340,11 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         own = with_unrolled_loss(base_problem, n, 0.0003)
         sweep_hists.update(run_methods(own, [method], seeds=seeds, log=log))
     sweep_final = {n: final_mean(sweep_hists[f"PZOBO N={n}"], "outer_loss_N") for n in sweep_ns}
+    first = sweep_hists[f"PZOBO N={sweep_ns[0]}"]
+    start = float(first.loc[first["step"] == 0, "outer_loss_N"].mean())
     claims.append(
         Claim(
-            "(f) PZOBO is insensitive to N: every N ends below 1e-2 (start ~37)",
+            f"(f) PZOBO is insensitive to N: every N ends below 1e-2 (start {start:.3g})",
             ", ".join(f"N={n}: {v}" for n, v in E2_SWEEP_NOTEBOOK.items()),
             ", ".join(f"N={n}: {v:.3g}" for n, v in sweep_final.items()),
             _verdict(quick, all(v < 1e-2 for v in sweep_final.values())),
@@ -338,7 +352,9 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     )
     figures = {
         "pzobo-hyperrep-2layer": dict(hists),
-        "hypergrad_norm": dict(hists),
+        # no estimate exists at step 0 (recorded as 0: off a log axis)
+        "hypergrad_norm": {k: h[h["step"] > 0] for k, h in hists.items()},
+        "hypergrad_norm_exact": dict(hists),
         "n_sweep": sweep_hists,
     }
     for label, h in sweep_hists.items():
@@ -358,7 +374,10 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         seconds=time.perf_counter() - t0,
         metric="outer_loss_N",
         figures=figures,
-        figure_metrics={"hypergrad_norm": "grad_norm_N"},
+        figure_metrics={
+            "hypergrad_norm": "hypergrad_estimate_norm",
+            "hypergrad_norm_exact": "grad_norm_N",
+        },
         setting=dict(
             size,
             N=10,

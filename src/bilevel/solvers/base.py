@@ -28,16 +28,28 @@ import jax.numpy as jnp
 import optax
 
 from .. import sampling
-from .._tree import tree_axpy
+from .._tree import tree_axpy, tree_norm
 from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..schedules import check_step_size
 
 PyTree = Any
 
-__all__ = ["Solver", "Counts", "OUTER_OPTIMIZERS", "IterateState"]
+__all__ = ["Solver", "Counts", "OUTER_OPTIMIZERS", "IterateState", "OuterState"]
 
 OUTER_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+class OuterState(NamedTuple):
+    """The outer optimiser's state, and the norm of the last direction it was given.
+
+    The direction is the method's hypergradient estimate (or surrogate, for the penalty
+    methods), so ``direction_norm`` is what PZOBO's Fig. 2(e) plots; ``solve`` records it as
+    the metric ``hypergrad_estimate_norm`` (0 before the first step).
+    """
+
+    opt: Any  # optax state of the outer optimiser (empty for plain steps)
+    direction_norm: jax.Array  # ||direction|| of the last outer step
 
 
 class IterateState(NamedTuple):
@@ -49,7 +61,7 @@ class IterateState(NamedTuple):
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
-    outer_state: Any  # state of the outer optimiser (empty for plain steps)
+    outer_state: OuterState  # the outer optimiser's state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,16 +214,18 @@ class Solver(abc.ABC):
             "adam": optax.scale_by_adam,
         }[self.outer_optimizer]()
 
-    def outer_init(self, x0: PyTree) -> Any:
+    def outer_init(self, x0: PyTree) -> OuterState:
         """The outer optimiser's state for x0 (empty for plain gradient steps)."""
-        return self._outer_transform().init(x0)
+        # zeros_like(norm) so the carry's dtype is the one outer_step's norm will have
+        return OuterState(self._outer_transform().init(x0), jnp.zeros_like(tree_norm(x0)))
 
     def outer_step(
-        self, problem: BilevelProblem, x: PyTree, direction: PyTree, outer_state, lr
-    ) -> tuple[PyTree, Any]:
+        self, problem: BilevelProblem, x: PyTree, direction: PyTree, outer_state: OuterState, lr
+    ) -> tuple[PyTree, OuterState]:
         """``Proj_X(x - lr * P(direction))`` with P the outer optimiser (identity for "sgd")."""
-        update, outer_state = self._outer_transform().update(direction, outer_state, x)
-        return problem.project_x(tree_axpy(-lr, update, x)), outer_state
+        update, opt = self._outer_transform().update(direction, outer_state.opt, x)
+        new_state = OuterState(opt, tree_norm(direction))
+        return problem.project_x(tree_axpy(-lr, update, x)), new_state
 
     def minibatches(
         self, problem: BilevelProblem, key: jax.Array, *, outer: int, inner: int

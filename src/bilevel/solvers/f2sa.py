@@ -24,7 +24,7 @@ from .. import oracles
 from .._tree import tree_axpy, tree_sub
 from ..oracles import Counts
 from ..problem import BilevelProblem
-from .base import Solver
+from .base import OuterState, Solver
 from .registry import register
 
 PyTree = Any
@@ -107,7 +107,7 @@ class F2SAState(NamedTuple):
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
-    outer_state: Any  # state of the outer optimiser (empty for plain steps)
+    outer_state: OuterState  # the outer optimiser's state
 
 
 @register("f2sa")

@@ -27,7 +27,7 @@ from .. import oracles
 from .._tree import tree_axpy, tree_sub, tree_zeros_like
 from ..oracles import Counts
 from ..problem import BilevelProblem
-from .base import Solver
+from .base import OuterState, Solver
 from .f2sa import F2SA, F2SA_REGIMES, resolve_regime
 from .registry import register
 
@@ -89,7 +89,7 @@ class F3SAState(NamedTuple):
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
-    outer_state: Any  # state of the outer optimiser (empty for plain steps)
+    outer_state: OuterState  # the outer optimiser's state
 
 
 @register("f3sa")

@@ -26,7 +26,7 @@ from jax.flatten_util import ravel_pytree
 from .. import oracles
 from ..oracles import Counts
 from ..problem import BilevelProblem
-from .base import Solver
+from .base import OuterState, Solver
 from .registry import register
 
 PyTree = Any
@@ -94,7 +94,7 @@ class STABLEState(NamedTuple):
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
-    outer_state: Any  # state of the outer optimiser (empty for plain steps)
+    outer_state: OuterState  # the outer optimiser's state
 
 
 @register("stable")
