@@ -60,7 +60,9 @@ class Result:
             a leading seed axis. For a seed that diverged, its last finite iterates.
         history: one row per (seed, evaluation): ``seed, step, samples, samples_outer,
             samples_inner, oracle_calls``, the calls by kind, ``seconds`` (solver time only,
-            cumulative) and the metrics.
+            cumulative) and the metrics: ``outer_loss``, ``inner_grad_norm``, the problem's own,
+            and ``hypergrad_estimate_norm`` (the norm of the direction the solver's last outer
+            step used, its hypergradient estimate; 0 at step 0).
         state: the final solver state (seed axis with ``seeds=``).
         diverged: seeds that diverged (empty if none).
         message: a human-readable status.
