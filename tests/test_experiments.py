@@ -146,3 +146,36 @@ def test_e2_starts_away_from_the_data_generating_model():
 
     problem, _, _ = e2_problem(quick=True)
     assert problem.metrics(problem.x0, problem.y0)["outer_loss_N"] > 1.0
+
+
+def test_e3_claims_name_a_run_that_diverged(tmp_path):
+    """A diverged run keeps its history to its last finite evaluation; the accuracy claim must
+    say it stopped rather than present its start as a final accuracy."""
+    import time
+
+    from bilevel.experiments.common import Method
+    from bilevel.experiments.pzobo_experiments import _E3Outputs
+
+    methods = [Method(label, "pzobo-s", {}, 4, 2) for label in ("PZOBO-S", "AID-CG")]
+
+    def hist(label, steps, acc):
+        return pd.DataFrame(
+            {
+                "method": label,
+                "seed": 0,
+                "step": steps,
+                "samples": [10 * s for s in steps],
+                "seconds": [0.1 * s for s in steps],
+                "eval_acc": acc,
+                "eval_loss": [1.0] * len(steps),
+            }
+        )
+
+    hists = {
+        "PZOBO-S": hist("PZOBO-S", [0, 2, 4], [0.1, 0.5, 0.8]),
+        "AID-CG": hist("AID-CG", [0], [0.1]),
+    }
+    run = _E3Outputs(tmp_path, methods, [], 3, "note", True, {}, time.perf_counter())
+    run.write(hists, done=2)
+    claims = (tmp_path / "claims.md").read_text()
+    assert "AID-CG 0.100 (diverged after step 0)" in claims and "PZOBO-S 0.800," in claims

@@ -499,13 +499,19 @@ def _write_e3(run: _E3Outputs, hists: dict, done: int):
     total = len(methods) + len(sweep)
     main = {m.label: hists[m.label] for m in methods if m.label in hists}
     acc = {label: final_mean(h, "eval_acc") for label, h in main.items()}
+    # a run that diverged keeps its history up to its last finite evaluation: say so
+    last = {m.label: int(hists[m.label]["step"].max()) for m in methods if m.label in hists}
     claims = []
     if len(main) == len(methods):
         claims.append(
             Claim(
                 "PZOBO-S reaches the best outer accuracy (MNIST: ~0.98 vs ~0.93 for others)",
                 "PZOBO-S 0.98+, others ~0.93 (MNIST)",
-                ", ".join(f"{k} {v:.3f}" for k, v in acc.items()),
+                ", ".join(
+                    f"{m.label} {acc[m.label]:.3f}"
+                    + (f" (diverged after step {last[m.label]})" if last[m.label] < m.steps else "")
+                    for m in methods
+                ),
                 _verdict(quick, acc["PZOBO-S"] >= max(acc.values()) - 1e-9),
             )
         )
