@@ -487,3 +487,24 @@ def test_bad_arguments_raise_value_error_naming_them(i):
     arg, call = _bad_calls()[i]
     with pytest.raises(ValueError, match=re.escape(f"({arg}=")):
         call()
+
+
+def test_hyper_cleaning_with_a_small_cnn():
+    """model="cnn": LeNet-5 features and a linear head on flat 28x28 rows (zero-padded to 32),
+    the sample weights acting as for the logistic model; without-BO training lowers g."""
+    rng = np.random.default_rng(0)
+    X, Xv = rng.standard_normal((6, 784)), rng.standard_normal((4, 784))
+    y, yv = rng.integers(0, 3, 6), rng.integers(0, 3, 4)
+    p = hc.hyper_cleaning(X, y, Xv, yv, num_classes=3, model="cnn", c=0.01)
+    assert set(p.y0) == {"features", "head"} and "cnn" in p.name
+    imgs = models.pad_to_32(X.reshape(6, 28, 28))
+    feats = models.lenet5_features(p.y0["features"], jnp.asarray(imgs))
+    logits = models.linear(p.y0["head"], feats)
+    np.testing.assert_allclose(p.reference.apply(p.y0, jnp.asarray(X)), logits, rtol=1e-10)
+    # g at x: weights sigmoid(x_i) on the per-sample cross-entropies, plus c ||y||^2
+    x = jnp.asarray(rng.standard_normal(6))
+    ce = models.softmax_cross_entropy(logits, jnp.asarray(y))
+    want = jnp.mean(jax.nn.sigmoid(x) * ce) + 0.01 * models.sum_of_squares(p.y0)
+    np.testing.assert_allclose(p.inner(x, p.y0, p.inner_data), want, rtol=1e-10)
+    fitted = hc.train_without_bilevel(p, steps=20)
+    assert p.inner(p.x0, fitted, p.inner_data) < p.inner(p.x0, p.y0, p.inner_data)

@@ -9,15 +9,17 @@ as stocBiO does)::
                                        + c ||y||^2                           (noisy training)
 
 ``x in R^n`` holds one logit per training sample (``x0 = 0``: every weight 0.5), ``y`` is the
-model: multinomial logistic regression ``{"W": (d, C), "b": (C,)}`` (zeros at the start), or a
-one-hidden-layer ReLU MLP (``model="mlp"``). The paper writes sums; with sums over 19,000
-samples ``c = 0.01`` would be negligible and mu_g, L_g would scale with n (f2sa.md pitfall 12).
+model: multinomial logistic regression ``{"W": (d, C), "b": (C,)}`` (zeros at the start), a
+one-hidden-layer ReLU MLP (``model="mlp"``), or a small CNN (``model="cnn"``: LeNet-5 features
+and a linear head, for 28x28 or 32x32 images given as flat rows). The paper writes sums; with
+sums over 19,000 samples ``c = 0.01`` would be negligible and mu_g, L_g would scale with n
+(f2sa.md pitfall 12).
 
 * The ridge ``c ||y||^2`` covers the bias too (the spec's model is ``W in R^{10 x 785}``, 784
   pixels plus a bias column, "which makes g 2c-strongly convex"): without it the bias would
   have a flat direction (softmax is invariant to adding a constant to every logit), so mu_g
   would be 0. With ``model="logistic"``, g is ``2c``-strongly convex in y for every x. The MLP
-  is not convex; it is offered for experiments only.
+  and the CNN are not convex; they are offered for experiments only.
 * The inner data carries an ``"index"`` column ``arange(n)``: a minibatch B gives
   ``(1/|B|) sum_{i in B} sigmoid(x_{index_i}) CE_i + c ||y||^2``, an unbiased estimate of g whose
   x-gradient is sparse (non-zero only on the sampled coordinates, each with factor 1/|B|).
@@ -58,7 +60,7 @@ class HyperCleaningReference:
         apply: ``apply(y, X) -> logits (n, C)``, the model.
         c: the ridge coefficient of g.
         num_classes: C.
-        model: ``"logistic"`` or ``"mlp"``.
+        model: ``"logistic"``, ``"mlp"`` or ``"cnn"``.
         corrupted: the boolean mask of corrupted training labels, or ``None``.
     """
 
@@ -67,6 +69,15 @@ class HyperCleaningReference:
     num_classes: int
     model: str
     corrupted: np.ndarray | None = None
+
+
+def _cnn(params: dict, X: jax.Array) -> jax.Array:
+    """Logits of LeNet-5 features and a linear head for flat 28x28 or 32x32 image rows."""
+    side = 28 if X.shape[1] == 784 else 32
+    images = X.reshape(X.shape[0], 1, side, side)
+    pad = (32 - side) // 2
+    images = jnp.pad(images, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    return M.linear(params["head"], M.lenet5_features(params["features"], images))
 
 
 def hyper_cleaning(
@@ -96,10 +107,13 @@ def hyper_cleaning(
         corrupted: optional ``(n,)`` bool mask of the corrupted training labels (as returned by
             ``bl.data.corrupt_labels``); adds the metrics ``weight_corrupted`` and
             ``weight_clean``, the mean of ``sigmoid(x)`` over each group.
-        model: ``"logistic"`` (multinomial logistic regression, y0 = 0) or ``"mlp"`` (one
-            hidden ReLU layer of ``hidden`` units, PyTorch-style init seeded by ``seed``).
-        hidden: hidden width for ``model="mlp"`` (must be 0 for ``"logistic"``).
-        seed: seed of the MLP initialisation.
+        model: ``"logistic"`` (multinomial logistic regression, y0 = 0), ``"mlp"`` (one
+            hidden ReLU layer of ``hidden`` units, PyTorch-style init seeded by ``seed``) or
+            ``"cnn"`` (LeNet-5 features, ``bl.problems.models.lenet5_features``, and a linear
+            head, ``y = {"features", "head"}``; rows of ``d = 784`` or ``1024`` pixels are
+            28x28 images, zero-padded to 32x32, or 32x32 ones).
+        hidden: hidden width for ``model="mlp"`` (must be 0 otherwise).
+        seed: seed of the MLP / CNN initialisation.
 
     Returns:
         A :class:`bilevel.BilevelProblem` with ``x0 = zeros(n)``, inner data ``{"X", "y",
@@ -126,9 +140,14 @@ def hyper_cleaning(
     Xv, yv = M.check_pair(X_val, y_val, "X_val", "y_val", _FN, num_classes=C, d=d)
     test = M.check_optional_pair(X_test, y_test, "X_test", "y_test", _FN, num_classes=C, d=d)
     c = M.check_nonneg(c, "c", _FN)
-    M.check_choice(model, "model", _FN, ("logistic", "mlp"))
-    if model == "logistic" and hidden != 0:
-        raise ValueError(f"{_FN}(hidden=...) must be 0 for model='logistic', got {hidden!r}.")
+    M.check_choice(model, "model", _FN, ("logistic", "mlp", "cnn"))
+    if model != "mlp" and hidden != 0:
+        raise ValueError(f"{_FN}(hidden=...) must be 0 for model={model!r}, got {hidden!r}.")
+    if model == "cnn" and d not in (784, 1024):
+        raise ValueError(
+            f"{_FN}(model='cnn') needs square images as rows of 784 (28x28) or 1024 (32x32) "
+            f"pixels; X_train has {d} columns."
+        )
     if model == "mlp" and not (isinstance(hidden, int | np.integer) and hidden >= 1):
         raise ValueError(f"{_FN}(hidden=...) must be an int >= 1 for model='mlp', got {hidden!r}.")
     mask = None
@@ -143,8 +162,16 @@ def hyper_cleaning(
     dtype = M.float_dtype()
     if model == "logistic":
         apply, y0 = M.linear, M.init_linear(d, C, dtype)
-    else:
+    elif model == "mlp":
         apply, y0 = M.mlp, M.init_mlp((d, int(hidden), C), seed=seed, dtype=dtype)
+    else:
+        apply, y0 = (
+            _cnn,
+            {
+                "features": M.init_lenet5(seed, dtype),
+                "head": M.init_linear(M.LENET5_FEATURES, C, dtype),
+            },
+        )
 
     inner_data = {"X": Xtr, "y": ytr, "index": np.arange(n, dtype=np.int32)}
     outer_data = {"X": Xv, "y": yv}
@@ -180,7 +207,7 @@ def hyper_cleaning(
         return out
 
     ref = HyperCleaningReference(apply=apply, c=c, num_classes=C, model=model, corrupted=mask)
-    label = model if model == "logistic" else f"mlp{hidden}"
+    label = f"mlp{hidden}" if model == "mlp" else model
     return BilevelProblem(
         outer=outer,
         inner=inner,
@@ -212,7 +239,7 @@ def train_without_bilevel(
     lambda_max(A^T A / n) / 2 + 2c`` (A = [X, 1]; the softmax cross-entropy Hessian in the logits
     has norm <= 1/2) and the momentum ``(sqrt(L) - sqrt(mu)) / (sqrt(L) + sqrt(mu))`` with
     ``mu = 2c`` (or the ``k/(k+3)`` schedule when ``c = 0``): linear convergence at the rate
-    ``1 - sqrt(mu/L)``. For ``model="mlp"`` (non-convex) the default is ``lr=0.1`` with
+    ``1 - sqrt(mu/L)``. For ``model="mlp"`` / ``"cnn"`` (non-convex) the default is ``lr=0.1`` with
     momentum 0.9.
 
     Returns:
@@ -278,7 +305,7 @@ def _fit(problem: BilevelProblem, weights: jax.Array, steps: int, lr: float | No
     else:
         if not lr > 0:
             raise ValueError(f"{fn}(lr=...) must be > 0, got {lr!r}.")
-        momentum = 0.9 if ref.model == "mlp" else None
+        momentum = 0.9 if ref.model in ("mlp", "cnn") else None
 
     return _accelerated_fit(
         problem.y0,
