@@ -207,10 +207,12 @@ def write_outputs(
     setting: dict | None = None,
     logy: bool = True,
     figure_metrics: dict[str, str] | None = None,
+    linear_figures: tuple[str, ...] = (),
 ) -> ExperimentOutput:
     """Write curves/*.csv, the figures (PNG) and claims.md into ``out_dir``.
 
-    Each figure plots ``metric`` unless ``figure_metrics`` names another for it.
+    Each figure plots ``metric`` unless ``figure_metrics`` names another for it, on a log axis
+    if ``logy`` unless it is one of ``linear_figures`` (accuracies, say).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     curves = out_dir / "curves"
@@ -225,7 +227,7 @@ def write_outputs(
             out_dir / f"{fig_name}.png",
             metric=(figure_metrics or {}).get(fig_name, metric),
             title=title + (" [QUICK RUN]" if quick else ""),
-            logy=logy,
+            logy=logy and fig_name not in linear_figures,
         )
     lines = [f"# {title}", ""]
     if quick:

@@ -535,7 +535,8 @@ def _write_e3(run: _E3Outputs, hists: dict, done: int):
             f"PARTIAL: {done} of {total} runs finished ({', '.join(hists)}); the command is "
             "still going or was stopped.",
         )
-    figures = {"pzobo-deep-hyperrep": main}
+    # panels (b) and (a) of Fig. 3: outer loss and accuracy against time (and samples)
+    figures = {"pzobo-deep-hyperrep": main, "accuracy": main}
     if n_curves:
         figures["n_sweep"] = n_curves
     return write_outputs(
@@ -549,6 +550,8 @@ def _write_e3(run: _E3Outputs, hists: dict, done: int):
         seconds=time.perf_counter() - run.t0,
         metric="eval_loss",
         figures=figures,
+        figure_metrics={"accuracy": "eval_acc"},
+        linear_figures=("accuracy",),
         setting=run.setting,
     )
 
