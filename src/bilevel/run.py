@@ -36,7 +36,7 @@ PyTree = Any
 __all__ = ["solve", "Result", "DivergenceWarning", "DivergenceError"]
 
 _CHECKPOINT_FILE = "checkpoint.npz"
-_CHECKPOINT_VERSION = 1
+_CHECKPOINT_VERSION = 2  # 2: solver states carry OuterState (direction_norm)
 
 
 class DivergenceWarning(RuntimeWarning):
@@ -246,8 +246,8 @@ def _load_checkpoint(directory: Path, state_template, signature: str):
         if meta.get("signature") != signature:
             raise ValueError(
                 f"the checkpoint in {directory} was written by a different run (solver, "
-                "problem, seeds or eval_every differ); use another checkpoint directory or "
-                "delete it."
+                "problem, seeds or eval_every differ, or an older bilevel version); use another "
+                "checkpoint directory or delete it."
             )
         template, treedef = jax.tree.flatten(state_template)
         leaves = [npz[f"leaf_{i}"] for i in range(len(template))]
