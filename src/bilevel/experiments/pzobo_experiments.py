@@ -491,69 +491,70 @@ class _E3Outputs:
     t0: float
 
     def write(self, hists: dict, done: int):
-        return _write_e3(self, hists, done)
-
-
-def _write_e3(run: _E3Outputs, hists: dict, done: int):
-    methods, sweep, n_steps, quick = run.methods, run.sweep, run.n_steps, run.quick
-    total = len(methods) + len(sweep)
-    main = {m.label: hists[m.label] for m in methods if m.label in hists}
-    acc = {label: final_mean(h, "eval_acc") for label, h in main.items()}
-    # a run that diverged keeps its history up to its last finite evaluation: say so
-    last = {m.label: int(hists[m.label]["step"].max()) for m in methods if m.label in hists}
-    claims = []
-    if len(main) == len(methods):
-        claims.append(
-            Claim(
-                "PZOBO-S reaches the best outer accuracy (MNIST: ~0.98 vs ~0.93 for others)",
-                "PZOBO-S 0.98+, others ~0.93 (MNIST)",
-                ", ".join(
-                    f"{m.label} {acc[m.label]:.3f}"
-                    + (f" (diverged after step {last[m.label]})" if last[m.label] < m.steps else "")
-                    for m in methods
-                ),
-                _verdict(quick, acc["PZOBO-S"] >= max(acc.values()) - 1e-9),
+        """Claims, figures and curves of the ``done`` runs finished so far."""
+        methods, sweep, n_steps, quick = self.methods, self.sweep, self.n_steps, self.quick
+        total = len(methods) + len(sweep)
+        main = {m.label: hists[m.label] for m in methods if m.label in hists}
+        acc = {label: final_mean(h, "eval_acc") for label, h in main.items()}
+        # a run that diverged keeps its history up to its last finite evaluation: say so
+        last = {m.label: int(hists[m.label]["step"].max()) for m in methods if m.label in hists}
+        claims = []
+        if len(main) == len(methods):
+            claims.append(
+                Claim(
+                    "PZOBO-S reaches the best outer accuracy (MNIST: ~0.98 vs ~0.93 for others)",
+                    "PZOBO-S 0.98+, others ~0.93 (MNIST)",
+                    ", ".join(
+                        f"{m.label} {acc[m.label]:.3f}"
+                        + (
+                            f" (diverged after step {last[m.label]})"
+                            if last[m.label] < m.steps
+                            else ""
+                        )
+                        for m in methods
+                    ),
+                    _verdict(quick, acc["PZOBO-S"] >= max(acc.values()) - 1e-9),
+                )
             )
-        )
-    n_curves = {m.label: hists[m.label] for m in sweep if m.label in hists}
-    if len(n_curves) == len(sweep) and "PZOBO-S" in main:
-        n_curves[f"PZOBO-S N={n_steps}"] = main["PZOBO-S"]
-        n_acc = {label: final_mean(h, "eval_acc") for label, h in n_curves.items()}
-        spread = max(n_acc.values()) - min(n_acc.values())
-        claims.append(
-            Claim(
-                "(c) PZOBO-S is insensitive to N (final accuracy within 0.02 across N)",
-                "qualitative (Fig. 3c)",
-                ", ".join(f"{k} {v:.3f}" for k, v in n_acc.items()),
-                _verdict(quick, spread <= 0.02),
+        n_curves = {m.label: hists[m.label] for m in sweep if m.label in hists}
+        if len(n_curves) == len(sweep) and "PZOBO-S" in main:
+            n_curves[f"PZOBO-S N={n_steps}"] = main["PZOBO-S"]
+            n_acc = {label: final_mean(h, "eval_acc") for label, h in n_curves.items()}
+            spread = max(n_acc.values()) - min(n_acc.values())
+            claims.append(
+                Claim(
+                    "(c) PZOBO-S is insensitive to N (final accuracy within 0.02 across N)",
+                    "qualitative (Fig. 3c)",
+                    ", ".join(f"{k} {v:.3f}" for k, v in n_acc.items()),
+                    _verdict(quick, spread <= 0.02),
+                )
             )
+        notes = [self.note]
+        if done < total:
+            notes.insert(
+                0,
+                f"PARTIAL: {done} of {total} runs finished ({', '.join(hists)}); the command is "
+                "still going or was stopped.",
+            )
+        # panels (b) and (a) of Fig. 3: outer loss and accuracy against time (and samples)
+        figures = {"pzobo-deep-hyperrep": main, "accuracy": main}
+        if n_curves:
+            figures["n_sweep"] = n_curves
+        return write_outputs(
+            "pzobo-deep-hyperrep",
+            self.out_dir,
+            title="PZOBO E3: deep hyper-representation (LeNet-5)",
+            histories=hists,
+            claims=claims,
+            notes=notes,
+            quick=quick,
+            seconds=time.perf_counter() - self.t0,
+            metric="eval_loss",
+            figures=figures,
+            figure_metrics={"accuracy": "eval_acc"},
+            linear_figures=("accuracy",),
+            setting=self.setting,
         )
-    notes = [run.note]
-    if done < total:
-        notes.insert(
-            0,
-            f"PARTIAL: {done} of {total} runs finished ({', '.join(hists)}); the command is "
-            "still going or was stopped.",
-        )
-    # panels (b) and (a) of Fig. 3: outer loss and accuracy against time (and samples)
-    figures = {"pzobo-deep-hyperrep": main, "accuracy": main}
-    if n_curves:
-        figures["n_sweep"] = n_curves
-    return write_outputs(
-        "pzobo-deep-hyperrep",
-        run.out_dir,
-        title="PZOBO E3: deep hyper-representation (LeNet-5)",
-        histories=hists,
-        claims=claims,
-        notes=notes,
-        quick=quick,
-        seconds=time.perf_counter() - run.t0,
-        metric="eval_loss",
-        figures=figures,
-        figure_metrics={"accuracy": "eval_acc"},
-        linear_figures=("accuracy",),
-        setting=run.setting,
-    )
 
 
 # ---- E5 ----------------------------------------------------------------------------------------

@@ -166,9 +166,9 @@ def _conv_nhwc(x: jax.Array, p: dict) -> jax.Array:
     return out + p["b"][None, None, None, :]
 
 
-def _maxpool2(x: jax.Array, axes: tuple[int, int] = (1, 2)) -> jax.Array:
-    """2x2 max-pooling, stride 2, over the two (even-sized) spatial ``axes`` (NHWC: (1, 2),
-    NCHW: (2, 3)), as the max of the four strided sub-grids.
+def _maxpool2(x: jax.Array) -> jax.Array:
+    """2x2 max-pooling, stride 2, of NHWC activations (even H, W), as the max of the four
+    strided sub-grids.
 
     Not ``lax.reduce_window``: its second-order derivative inside ``lax.map``/``scan`` (the
     chunked feature pass of ``deep_hyper_representation``, differentiated twice by the
@@ -177,13 +177,9 @@ def _maxpool2(x: jax.Array, axes: tuple[int, int] = (1, 2)) -> jax.Array:
     values and first derivatives away from ties (after a ReLU, ties are at 0, where the ReLU's
     derivative is 0 anyway).
     """
-
-    def grid(di: int, dj: int) -> jax.Array:
-        index = [slice(None)] * x.ndim
-        index[axes[0]], index[axes[1]] = slice(di, None, 2), slice(dj, None, 2)
-        return x[tuple(index)]
-
-    return jnp.maximum(jnp.maximum(grid(0, 0), grid(0, 1)), jnp.maximum(grid(1, 0), grid(1, 1)))
+    top = jnp.maximum(x[:, 0::2, 0::2], x[:, 0::2, 1::2])
+    bottom = jnp.maximum(x[:, 1::2, 0::2], x[:, 1::2, 1::2])
+    return jnp.maximum(top, bottom)
 
 
 def lenet5_features(params: dict, images: jax.Array) -> jax.Array:
