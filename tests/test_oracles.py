@@ -33,7 +33,9 @@ def test_partial_gradients(quad):
     r = y - ref.D @ x - ref.e
     np.testing.assert_allclose(fy, r, atol=TOL)
     np.testing.assert_allclose(fx, -ref.D.T @ r + ref.rho * x, atol=TOL)
-    assert float(val) == pytest.approx(0.5 * r @ r + 0.5 * ref.rho * x @ x, rel=1e-12)
+    # float() on both sides: pytest.approx of a jax Array goes through numpy conversion
+    # and, for a 0-d Array, cannot print the comparison when the assertion fails
+    assert float(val) == pytest.approx(float(0.5 * r @ r + 0.5 * ref.rho * x @ x), rel=1e-12)
 
 
 def test_second_order_products(quad):
