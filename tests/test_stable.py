@@ -390,3 +390,13 @@ def test_stochastic_quadratic_5_seeds_10x():
     h = res.history
     last = h[h.step == 1000]
     assert (last.samples_inner == 1000 * 32).all() and (last.samples_outer == 1000 * 32).all()
+
+
+def test_stable_hpo_experiment_cites_the_stable_paper():
+    """``bilevel reproduce --list`` names STABLE's own paper (Chen, Sun, Xiao, Yin, AISTATS
+    2022), not the authors' NeurIPS 2021 paper on alternating SGD (ALSET)."""
+    from bilevel import experiments
+
+    assert (
+        experiments.get("stable-hpo").paper == "STABLE (Chen, Sun, Xiao, Yin, AISTATS 2022), Fig. 2"
+    )

@@ -2,8 +2,8 @@
 regression (eq. (32)), STABLE vs TTSA vs BSA, objective error against samples and wall time,
 over random initialisations (vmapped seeds).
 
-Chen, Sun, Yin. "Closing the Gap: Tighter Analysis of Alternating Stochastic Gradient Methods
-for Bilevel Problems" (STABLE), NeurIPS 2021. Datasets: australian, ijcnn1, covtype (LIBSVM)
+Chen, Sun, Xiao, Yin. "A Single-Timescale Method for Stochastic Bilevel Optimization" (STABLE),
+AISTATS 2022 (arXiv:2102.04671). Datasets: australian, ijcnn1, covtype (LIBSVM)
 when the user provides the files (``$BILEVEL_DATA/libsvm``); otherwise the offline stand-ins
 breast_cancer (scikit-learn), two-class digits (scikit-learn) and two-class Fashion-MNIST
 downsampled to 7x7 = 49 features (covtype-sized), each stated in the output.
@@ -121,7 +121,7 @@ def random_start(problem):
 
 @register(
     "stable-hpo",
-    "STABLE (Chen, Sun, Yin, NeurIPS 2021), Fig. 2",
+    "STABLE (Chen, Sun, Xiao, Yin, AISTATS 2022), Fig. 2",
     "L2 HPO of logistic regression: STABLE vs TTSA vs BSA, error vs samples and time",
     default_seeds=50,
 )
@@ -213,7 +213,7 @@ def _write(out_dir, cfg, quick, seeds, got: _Collected, done, panels, seconds):
     return write_outputs(
         "stable-hpo",
         out_dir,
-        title="STABLE L2 HPO (Chen et al. 2021, Fig. 2)",
+        title="STABLE L2 HPO (Chen et al., AISTATS 2022, Fig. 2)",
         histories=got.histories,
         claims=got.claims,
         notes=notes,

@@ -134,7 +134,7 @@ def l2_hpo_logistic(
             unknown ``form`` or a box that is not inside ``x > 0``.
 
     References:
-        Chen, Sun, Yin. "A Single-Timescale Method for Stochastic Bilevel Optimization."
+        Chen, Sun, Xiao, Yin. "A Single-Timescale Method for Stochastic Bilevel Optimization."
         AISTATS 2022 (Section 4, eq. (32)).
 
     Assumptions:
