@@ -163,9 +163,22 @@ def test_load_mnist_like_rejects_bad_split(tmp_path):
 
 @pytest.fixture
 def no_system_data(monkeypatch, tmp_path):
-    """Make the search independent of this machine: no env var, no Debian files."""
+    """Make the search independent of this machine: no env vars, no Debian files."""
     monkeypatch.delenv("BILEVEL_DATA", raising=False)
+    monkeypatch.delenv("BILEVEL_IGNORE_SYSTEM_DATA", raising=False)
     monkeypatch.setattr(idx_module, "FASHION_MNIST_SYSTEM_DIR", tmp_path / "no-such-dir")
+
+
+@pytest.fixture
+def fake_system_dir(monkeypatch, tmp_path):
+    """A stand-in for the Debian package's directory holding a 3-image train split."""
+    monkeypatch.delenv("BILEVEL_DATA", raising=False)
+    monkeypatch.delenv("BILEVEL_IGNORE_SYSTEM_DATA", raising=False)
+    system = tmp_path / "usr-share-datasets-fashion-mnist"
+    system.mkdir()
+    make_split(system, "train", 3, seed=7, gz=True)
+    monkeypatch.setattr(idx_module, "FASHION_MNIST_SYSTEM_DIR", system)
+    return system
 
 
 def test_fashion_mnist_missing_says_how_to_install(tmp_path, no_system_data):
@@ -198,6 +211,7 @@ def test_fashion_mnist_from_env_data_root(tmp_path, monkeypatch, no_system_data)
 
 def test_fashion_mnist_from_system_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("BILEVEL_DATA", raising=False)
+    monkeypatch.delenv("BILEVEL_IGNORE_SYSTEM_DATA", raising=False)
     system = tmp_path / "usr-share"
     system.mkdir()
     make_split(system, "train", 2, seed=4, gz=True)  # the Debian layout: *.gz files
@@ -242,7 +256,46 @@ def test_mnist_from_path(tmp_path):
 )
 def test_debian_fashion_mnist(monkeypatch):
     monkeypatch.delenv("BILEVEL_DATA", raising=False)
+    monkeypatch.delenv("BILEVEL_IGNORE_SYSTEM_DATA", raising=False)
     X, y = load_fashion_mnist("train")
     assert X.shape == (60000, 28, 28) and X.dtype == np.float32
     assert y.shape == (60000,)
     np.testing.assert_array_equal(np.unique(y), np.arange(10))
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
+def test_ignore_system_data_skips_the_system_dir(fake_system_dir, monkeypatch, value):
+    assert load_fashion_mnist()[0].shape == (3, 28, 28)  # found while the variable is unset
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", value)
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_fashion_mnist()
+    # the message names the skipped directory and why, so a forgotten variable is visible
+    assert f"{fake_system_dir} (skipped: $BILEVEL_IGNORE_SYSTEM_DATA is set)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "", "off"])
+def test_ignore_system_data_false_values_keep_the_system_dir(fake_system_dir, monkeypatch, value):
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", value)
+    assert load_fashion_mnist()[0].shape == (3, 28, 28)
+
+
+def test_ignore_system_data_keeps_bilevel_data_and_explicit_paths(
+    fake_system_dir, tmp_path, monkeypatch
+):
+    root = tmp_path / "root"
+    (root / "fashion-mnist").mkdir(parents=True)
+    (root / "mnist").mkdir()
+    _, fashion_labels = make_split(root / "fashion-mnist", "train", 4, seed=8, gz=False)
+    _, mnist_labels = make_split(root / "mnist", "t10k", 5, seed=9, gz=True)
+    monkeypatch.setenv("BILEVEL_DATA", str(root))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")
+    np.testing.assert_array_equal(load_fashion_mnist()[1], fashion_labels)
+    np.testing.assert_array_equal(load_mnist("test")[1], mnist_labels)
+    # an explicit path is read even when it is the system directory itself
+    assert load_fashion_mnist(path=fake_system_dir)[0].shape == (3, 28, 28)
+
+
+def test_ignore_system_data_rejects_unknown_values(fake_system_dir, monkeypatch):
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "maybe")
+    with pytest.raises(ValueError, match=r"BILEVEL_IGNORE_SYSTEM_DATA='maybe' is not understood"):
+        load_fashion_mnist()

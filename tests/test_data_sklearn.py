@@ -84,3 +84,16 @@ def test_20newsgroups_from_cache_with_feature_selection(tmp_path, monkeypatch):
     expected = np.array([[0, 0, 1], [2, 0, 0]], dtype=np.float64)
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     np.testing.assert_allclose(dense, expected, rtol=1e-6)
+
+
+def test_20newsgroups_default_cache_ignored_with_ignore_system_data(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(sklearn.datasets, "fetch_20newsgroups_vectorized", fake_fetch(calls))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")
+    with pytest.raises(DatasetNotFoundError, match=r"\$BILEVEL_IGNORE_SYSTEM_DATA is set"):
+        load_20newsgroups()
+    assert calls == []  # scikit-learn's cache was not even asked
+    X, _ = load_20newsgroups(path=tmp_path, normalize=False)  # an explicit path still works
+    assert X.shape == (3, 5) and calls == ["train"]
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "0")
+    assert load_20newsgroups(normalize=False)[0].shape == (3, 5)  # the default cache again

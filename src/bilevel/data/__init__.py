@@ -7,11 +7,20 @@ downloads data: loaders look in local directories (``path=``, the data root
 ``$BILEVEL_DATA``, system locations such as the Debian package
 ``dataset-fashion-mnist``) and raise :class:`DatasetNotFoundError` explaining how
 to obtain the files when they are absent.
+
+``BILEVEL_IGNORE_SYSTEM_DATA=1`` makes every loader ignore data that is there
+only because of an install on this machine: system-wide locations
+(``/usr/share/datasets/...``) and scikit-learn's download cache (20 Newsgroups).
+``$BILEVEL_DATA`` and explicit ``path=`` arguments still work. It exists so that
+a machine with that data can show what one without it does: which stand-in an
+experiment takes and what its outputs then say (the tests set it). The data
+bundled inside the scikit-learn wheel (:func:`load_sklearn`) is part of a
+dependency, not of the machine, and stays available.
 """
 
 from __future__ import annotations
 
-from ._paths import DATA_ENV_VAR
+from ._paths import DATA_ENV_VAR, IGNORE_SYSTEM_ENV_VAR, system_data_ignored
 from .errors import DataFormatError, DatasetNotFoundError
 from .idx import (
     FASHION_MNIST_CLASSES,
@@ -30,6 +39,7 @@ __all__ = [
     "DATA_ENV_VAR",
     "FASHION_MNIST_CLASSES",
     "FASHION_MNIST_SYSTEM_DIR",
+    "IGNORE_SYSTEM_ENV_VAR",
     "LIBSVM_DATASETS",
     "SKLEARN_DATASETS",
     "DataFormatError",
@@ -47,5 +57,6 @@ __all__ = [
     "read_idx",
     "read_libsvm",
     "standardize",
+    "system_data_ignored",
     "train_val_test_split",
 ]

@@ -11,11 +11,41 @@ from pathlib import Path
 #: ``$BILEVEL_DATA/libsvm``.
 DATA_ENV_VAR = "BILEVEL_DATA"
 
+#: Environment variable that, set to ``1``, makes every loader ignore data that is there only
+#: because of an install on this machine: system-wide locations (``/usr/share/datasets/...``,
+#: e.g. the Debian package ``dataset-fashion-mnist``) and scikit-learn's download cache (20
+#: Newsgroups). ``$BILEVEL_DATA`` and explicit ``path=`` arguments still work. Why: to check
+#: on a machine that has such data what a machine without it does (which stand-in an
+#: experiment takes, what its outputs say), as the tests do.
+IGNORE_SYSTEM_ENV_VAR = "BILEVEL_IGNORE_SYSTEM_DATA"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
 
 def data_root() -> Path | None:
     """Return ``$BILEVEL_DATA`` as a path, or ``None`` when unset or empty."""
     value = os.environ.get(DATA_ENV_VAR, "").strip()
     return Path(value).expanduser() if value else None
+
+
+def system_data_ignored() -> bool:
+    """Whether ``$BILEVEL_IGNORE_SYSTEM_DATA`` asks loaders to skip machine-wide data.
+
+    True for ``1`` / ``true`` / ``yes`` / ``on``, false when unset or ``0`` / ``false`` /
+    ``no`` / ``off`` / empty (case-insensitive). Any other value is an error rather than a
+    guess: a misspelt value silently read as "no" would load the very data the user meant
+    to hide.
+    """
+    value = os.environ.get(IGNORE_SYSTEM_ENV_VAR, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"${IGNORE_SYSTEM_ENV_VAR}={os.environ[IGNORE_SYSTEM_ENV_VAR]!r} is not understood; "
+        f"use 1 to ignore system-wide data (or 0 / unset to use it)."
+    )
 
 
 def candidate_dirs(
@@ -28,7 +58,8 @@ def candidate_dirs(
     copy of the data than the one the caller asked for (and would make "file
     missing" impossible to test on a machine that has a system-wide copy).
     Without ``path``: ``$BILEVEL_DATA/<subdir>`` (if the variable is set), then
-    the ``fallbacks`` (system-wide locations such as a Debian package's).
+    the ``fallbacks`` (system-wide locations such as a Debian package's), unless
+    ``$BILEVEL_IGNORE_SYSTEM_DATA`` is set (:func:`system_data_ignored`).
     """
     if path is not None:
         return [Path(path).expanduser()]
@@ -36,7 +67,8 @@ def candidate_dirs(
     root = data_root()
     if root is not None:
         dirs.append(root / subdir)
-    dirs.extend(fallbacks)
+    if not system_data_ignored():
+        dirs.extend(fallbacks)
     return dirs
 
 
@@ -49,14 +81,20 @@ def find_first(directory: Path, names: Sequence[str]) -> Path | None:
     return None
 
 
-def describe_searched(dirs: Sequence[Path], subdir: str, *, explicit: bool) -> str:
+def describe_searched(
+    dirs: Sequence[Path], subdir: str, *, explicit: bool, fallbacks: Iterable[Path] = ()
+) -> str:
     """Human-readable list of searched directories for error messages.
 
     ``explicit`` says whether the caller passed ``path=`` (then the environment
-    variable was not consulted and is not mentioned).
+    variables were not consulted and are not mentioned). System-wide ``fallbacks``
+    skipped because of ``$BILEVEL_IGNORE_SYSTEM_DATA`` are listed as skipped, so a
+    user who forgot the variable is set sees why installed data was not found.
     """
     lines = [f"  - {d}" + ("" if d.is_dir() else " (does not exist)") for d in dirs]
     if not explicit and data_root() is None:
         # The environment variable comes first in the search order.
         lines.insert(0, f"  - ${DATA_ENV_VAR}/{subdir} (${DATA_ENV_VAR} is not set)")
+    if not explicit and system_data_ignored():
+        lines.extend(f"  - {d} (skipped: ${IGNORE_SYSTEM_ENV_VAR} is set)" for d in fallbacks)
     return "\n".join(lines) if lines else "  (nothing)"

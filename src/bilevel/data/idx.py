@@ -205,14 +205,20 @@ def _find_pair(directory: Path, split: str) -> tuple[Path | None, Path | None]:
 
 
 def _missing_message(
-    kind: str, split: str, dirs: list[Path], *, explicit: bool, partial: list[str]
+    kind: str,
+    split: str,
+    dirs: list[Path],
+    *,
+    explicit: bool,
+    partial: list[str],
+    fallbacks: tuple[Path, ...] = (),
 ) -> str:
     files = ", ".join(f"{name}[.gz]" for name in _ALL_FILES)
     subdir = kind
     lines = [
         f"{'Fashion-MNIST' if kind == 'fashion-mnist' else 'MNIST'} ({split} split) not found. "
         "Searched:",
-        describe_searched(dirs, subdir, explicit=explicit),
+        describe_searched(dirs, subdir, explicit=explicit, fallbacks=fallbacks),
     ]
     lines.extend(partial)
     if kind == "fashion-mnist":
@@ -307,7 +313,7 @@ def _partial_notes(directory: Path, images: Path | None, labels: Path | None) ->
 
 
 def _load_searching(
-    kind: Kind, split: Split, path: str | os.PathLike[str] | None, fallbacks: list[Path]
+    kind: Kind, split: Split, path: str | os.PathLike[str] | None, fallbacks: tuple[Path, ...]
 ) -> tuple[np.ndarray, np.ndarray]:
     _check_split_kind(split, kind)
     dirs = candidate_dirs(path, kind, fallbacks)
@@ -318,7 +324,9 @@ def _load_searching(
             return _load_pair(images_path, labels_path)
         partial.extend(_partial_notes(directory, images_path, labels_path))
     raise DatasetNotFoundError(
-        _missing_message(kind, split, dirs, explicit=path is not None, partial=partial)
+        _missing_message(
+            kind, split, dirs, explicit=path is not None, partial=partial, fallbacks=fallbacks
+        )
     )
 
 
@@ -334,7 +342,8 @@ def load_fashion_mnist(
     Search order: ``path`` if given (and then nothing else); otherwise
     ``$BILEVEL_DATA/fashion-mnist`` if ``BILEVEL_DATA`` is set, then
     ``/usr/share/datasets/fashion-mnist`` where the Debian package
-    ``dataset-fashion-mnist`` installs the four ``*-ubyte.gz`` files.
+    ``dataset-fashion-mnist`` installs the four ``*-ubyte.gz`` files (skipped when
+    ``$BILEVEL_IGNORE_SYSTEM_DATA`` is ``1``).
 
     Args:
         split: ``"train"`` or ``"test"``.
@@ -349,7 +358,7 @@ def load_fashion_mnist(
             ``apt-get install dataset-fashion-mnist`` or pass ``path=``.
         DataFormatError: a file is malformed.
     """
-    return _load_searching("fashion-mnist", split, path, [FASHION_MNIST_SYSTEM_DIR])
+    return _load_searching("fashion-mnist", split, path, (FASHION_MNIST_SYSTEM_DIR,))
 
 
 def load_mnist(
@@ -377,4 +386,4 @@ def load_mnist(
         DatasetNotFoundError: not found; the message names the expected files.
         DataFormatError: a file is malformed.
     """
-    return _load_searching("mnist", split, path, [])
+    return _load_searching("mnist", split, path, ())

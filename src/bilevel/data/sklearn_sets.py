@@ -3,7 +3,8 @@
 ``load_sklearn`` uses the copies shipped inside the scikit-learn wheel, so it
 never touches the network. ``load_20newsgroups`` only reads scikit-learn's
 on-disk cache (``download_if_missing=False``): 20 Newsgroups is not bundled and
-cannot be downloaded on machines without network access.
+cannot be downloaded on machines without network access; with
+``$BILEVEL_IGNORE_SYSTEM_DATA=1`` that cache counts as absent unless passed as ``path=``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from ._paths import IGNORE_SYSTEM_ENV_VAR, system_data_ignored
 from .errors import DatasetNotFoundError
 
 __all__ = ["SKLEARN_DATASETS", "load_20newsgroups", "load_sklearn"]
@@ -84,7 +86,9 @@ def load_20newsgroups(
 
     Args:
         path: scikit-learn ``data_home``. Default: scikit-learn's own default,
-            ``$SCIKIT_LEARN_DATA`` or else ``~/scikit_learn_data``.
+            ``$SCIKIT_LEARN_DATA`` or else ``~/scikit_learn_data``; that cache is
+            data this machine happened to download, so it is treated as absent when
+            ``$BILEVEL_IGNORE_SYSTEM_DATA`` is ``1`` (an explicit ``path`` is still read).
         n_features: Keep only this many columns: those with the highest
             document frequency in the *training* subset (ties broken by column
             order), so train and test keep the same columns. Default: all.
@@ -99,12 +103,20 @@ def load_20newsgroups(
         ``n_features``. ``y`` int32 ``(n_docs,)`` in 0..19.
 
     Raises:
-        DatasetNotFoundError: the data is not in the cache; the message says
-            where scikit-learn looked and how to populate it elsewhere.
+        DatasetNotFoundError: the data is not in the cache (or the default cache
+            is ignored, see ``path``); the message says where scikit-learn looked
+            and how to populate it elsewhere.
         ValueError: invalid ``n_features``.
     """
     if n_features is not None and n_features <= 0:
         raise ValueError(f"n_features must be positive, got {n_features}")
+    if path is None and system_data_ignored():
+        raise DatasetNotFoundError(
+            f"20 Newsgroups: scikit-learn's default cache ($SCIKIT_LEARN_DATA or "
+            f"~/scikit_learn_data) was not searched because ${IGNORE_SYSTEM_ENV_VAR} is set. "
+            "Pass path=DIR holding 20news-bydate_py3.pkz / 20newsgroup_vectorized_py3.pkl, "
+            f"or unset ${IGNORE_SYSTEM_ENV_VAR}."
+        )
     from sklearn import datasets, preprocessing
 
     data_home = None if path is None else str(Path(path).expanduser())
