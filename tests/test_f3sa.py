@@ -52,13 +52,15 @@ def test_regimes_follow_corollary_4_4(quad):
 
 
 # ---- a numpy replica of Algorithm 2, written from the corrected spec (section 3.5) -------------
-def _numpy_f3sa(ref, s, k, *, lr_outer, lr_inner, lam0, a, c, k0):
+def _numpy_f3sa(ref, s, k, *, lr_outer, lr_inner, lam0, a, c, k0, lam=None):
     """One F3SA iteration on the deterministic quadratic; ``s`` holds x, y, z, their previous
-    values and the six estimators (dict of numpy arrays)."""
+    values and the six estimators (dict of numpy arrays). ``lam`` (lam_k) defaults to the
+    closed form of (9b)."""
     A, B, b, D, e, rho, cx = ref.A, ref.B, ref.b, ref.D, ref.e, ref.rho, ref.c_x
     gamma = lr_inner * (k0 / (k + k0)) ** c  # (9a)
-    lam = lam0 * ((k + k0) / k0) ** (a - c)  # closed form of (9b): gamma_k / alpha_k
-    alpha = gamma / lam
+    alpha = lr_inner / lam0 * (k0 / (k + k0)) ** a  # (9a), (9c): gamma_0 / alpha_0 = lam0
+    if lam is None:
+        lam = lam0 * ((k + k0) / k0) ** (a - c)  # closed form of (9b): gamma_k / alpha_k
     eta = 1.0 if k <= 1 else (k + 1) ** (-2 * c)  # (9a) with (8b)'s eta_0 = eta_1 = 1
 
     def gy_g(x, y):
@@ -125,6 +127,51 @@ def test_matches_algorithm_2_step_by_step(quad, start):
             np.testing.assert_allclose(got[name], value, rtol=1e-11, atol=1e-13, err_msg=name)
     c_ = state.counts
     assert (int(c_.grad_f), int(c_.grad_g)) == (4 * 4, 4 * 8)  # 6 estimators x 2 points
+
+
+def test_lagged_multiplier_rule_step_by_step(quad):
+    """``lam_rule="lagged"``: literal (9b), delta_k = gamma_k/alpha_k - lam_k, run as an update
+    in the replica (lam_0 = lam_1 = lam0, lam_{k+1} = gamma_k/alpha_k) with alpha_k, gamma_k on
+    their power laws. Four steps, so that eta_2, eta_3 < 1 and the momentum is live. Tolerances
+    as in the replica test above; the closed rule's trajectory differs by > 1e-4 (checked)."""
+    hp = dict(lr_outer=0.05, lr_inner=0.08, lam0=4.0, k0=3.0, regime="stochastic")
+    solver = bl.solvers.make("f3sa", lam_rule="lagged", **hp)
+    a, c = F3SA_REGIMES["stochastic"]
+    kw = dict(lr_outer=0.05, lr_inner=0.08, lam0=4.0, a=a, c=c, k0=3.0)
+    ref = quad.reference
+    names = ("x", "y", "z", "xp", "yp", "zp", "gz", "fy", "gy", "fx", "gxy", "gxz")
+    s = closed = {n: np.zeros(10 if n in ("x", "xp", "fx", "gxy", "gxz") else 50) for n in names}
+    lam = 4.0  # lam_0
+    state = solver.init(quad, jax.random.PRNGKey(0))
+    step = _jit_step(solver)
+    for k in range(4):
+        s = _numpy_f3sa(ref, s, k, lam=lam, **kw)
+        closed = _numpy_f3sa(ref, closed, k, **kw)
+        gamma, alpha = 0.08 * (3.0 / (k + 3.0)) ** c, 0.08 / 4.0 * (3.0 / (k + 3.0)) ** a
+        lam = lam + (gamma / alpha - lam)  # delta_k of (9b)
+        state = step(quad, state)
+        for name, got in (("x", state.x), ("y", state.y), ("z", state.z)):
+            np.testing.assert_allclose(got, s[name], rtol=1e-11, atol=1e-13, err_msg=name)
+        if k >= 1:
+            assert np.abs(s["x"] - closed["x"]).max() > 1e-4
+
+
+def test_constant_regime_is_section_4_4(quad):
+    """Sec. 4.4's constant multiplier with alpha_k, gamma_k ~ k^(-1/2) (as F2SA), and (9a)'s
+    momentum weight eta_k = (k+1)^(-2c) = 1/(k+1) from k = 2 on. Exact up to one rounding."""
+    assert F3SA_REGIMES["constant"] == (0.5, 0.5)
+    solver = bl.solvers.make(
+        "f3sa", lr_outer=0.3, lr_inner=0.2, lam0=5.0, k0=10.0, regime="constant"
+    )
+    for k in (0, 1, 7, 1000):
+        s = solver.schedule(quad, k)
+        decay = (10.0 / (k + 10.0)) ** 0.5
+        assert float(s.lam) == 5.0
+        assert float(s.gamma) == pytest.approx(0.2 * decay, rel=1e-14)
+        assert float(s.alpha) == pytest.approx(0.2 / 5.0 * decay, rel=1e-14)
+        assert float(s.outer) == pytest.approx(0.3 * decay, rel=1e-14)
+    etas = [float(solver.momentum(quad, k)) for k in (0, 1, 2, 9)]
+    assert etas == pytest.approx([1.0, 1.0, 1 / 3, 1 / 10], rel=1e-14)
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -30,12 +30,16 @@ from .registry import register
 PyTree = Any
 
 #: Corollary 4.2 exponents (a, c) of alpha_k ~ k^-a and gamma_k ~ k^-c, by noise regime;
-#: lam_k grows as k^(a - c). "constant" is Sec. 4.4's practical variant with fixed lam.
+#: lam_k grows as k^(a - c). "constant" is the practical variant of Sec. 4.4: "we can set
+#: lambda_k := lambda constant at all iterations and choose more aggressive step-sizes, e.g.,
+#: alpha_k ~ k^(-1/2), gamma_k ~ k^(-1/2)", which converges faster to a point biased by
+#: O(1/lambda) in grad F (Lemma 3.1). a = c makes lam_k = lam0 for every k. Fixed steps AND
+#: fixed lam (not in the paper) are ``a=0.0, c=0.0``.
 F2SA_REGIMES: dict[str, tuple[float, float]] = {
     "stochastic": (5 / 7, 4 / 7),  # (a) sigma_f, sigma_g > 0
     "outer-noise": (3 / 5, 2 / 5),  # (b) sigma_f > 0, sigma_g = 0
     "deterministic": (1 / 3, 0.0),  # (c)
-    "constant": (0.0, 0.0),  # constant steps and lam (biased by C_lam / lam)
+    "constant": (1 / 2, 1 / 2),  # Sec. 4.4: lam_k = lam0, alpha_k, gamma_k ~ k^(-1/2)
 }
 
 
@@ -77,8 +81,11 @@ def penalty_schedule(
 
     ``r = lam_ratio`` is 2 for F2SA (eq. (6): lam_k = gamma_k / (2 alpha_k)) and 1 for F3SA
     (eq. (9b)). With ``alpha_0 = gamma_0 / (r lam0)`` this is lam_k = lam0 ((k+k0)/k0)^(a-c)
-    (eq. (28), with B.5's stray factor 2 removed). ``lagged=True`` follows (6)/(9b) literally:
-    lam_{k+1} = gamma_k / (r alpha_k), so lam_1 = lam_0 (a one-step lag).
+    (eq. (28), with B.5's stray factor 2 removed). ``lagged=True`` is the update
+    lam_{k+1} = lam_k + delta_k with delta_k = gamma_k / (r alpha_k) - lam_k: literally (9b) for
+    F3SA, and (6) for F2SA with the min's other term (T mu_g / 16) alpha_k lam_k^2 dropped
+    (Appendix B.5 shows it is never the smaller one for T >= 32). So lam_1 = lam_0 and
+    lam_{k+1} = gamma_k / (r alpha_k) (a one-step lag), while alpha_k keeps its power law.
     The x step is xi * alpha_k; we parametrise it by its initial value ``lr_outer`` = xi alpha_0.
     Callable ``lr_outer`` / ``lr_inner`` replace the power laws for x / z (lam stays as above).
     """
@@ -138,10 +145,13 @@ class F2SA(Solver):
             constants; 10 is the practical default (the spec's sanity check uses 5).
         lam0: lambda_0; should be >= 2 l_{f,1}/mu_g (eq. (7)) so f + lam g is strongly convex.
         regime: exponents (a, c) of Corollary 4.2: "stochastic" (5/7, 4/7), "outer-noise"
-            (3/5, 2/5), "deterministic" (1/3, 0), "constant" (0, 0: fixed steps and lam, Sec.
-            4.4), or "auto" (by the problem's noise). ``a``, ``c`` override it.
+            (3/5, 2/5), "deterministic" (1/3, 0), "constant" (1/2, 1/2: Sec. 4.4's constant
+            lam = lam0 with alpha_k, gamma_k ~ k^(-1/2)), or "auto" (by the problem's noise).
+            ``a``, ``c`` override it (``a=0.0, c=0.0``: fixed steps and lam, not in the paper).
         k0: offset k_0 of the power laws (eq. (7) gives a large theoretical value).
-        lam_rule: "closed" (lam_k = gamma_k/(2 alpha_k), B.5) or "lagged" (literal eq. (6)).
+        lam_rule: "closed" (lam_k = gamma_k/(2 alpha_k), B.5) or "lagged" (eq. (6) as an
+            update, lam_{k+1} = gamma_k/(2 alpha_k), so lam_1 = lam_0; see
+            :func:`penalty_schedule`).
         shared_x_sample: use one minibatch for grad_x g at y and z (Appendix C; less variance)
             instead of Algorithm 1's two independent ones.
 

@@ -34,13 +34,14 @@ from .registry import register
 PyTree = Any
 
 #: Corollary 4.4 exponents (a, c) of alpha_k ~ k^-a and gamma_k ~ k^-c, by noise regime
-#: (lam_k grows as k^(a - c), eta_k = (k+1)^(-2c)). "constant" mirrors F2SA's Sec. 4.4 variant:
-#: fixed steps and lam, and then eta_k = 1 (no momentum) unless ``eta`` is given.
+#: (lam_k grows as k^(a - c), eta_k = (k+1)^(-2c)). "constant" is the Sec. 4.4 variant, as for
+#: F2SA: lam_k = lam0 with alpha_k, gamma_k ~ k^(-1/2); (9a) then gives eta_k = (k+1)^(-1),
+#: the order (8b) asks (eta_{k+1} >= c_eta (l_{g,1}^3/mu_g) gamma_k^2 ~ 1/k).
 F3SA_REGIMES: dict[str, tuple[float, float]] = {
     "stochastic": (3 / 5, 2 / 5),  # (a) sigma_f, sigma_g > 0: E||grad F||^2 ~ log K / K^(2/5)
     "outer-noise": (1 / 2, 1 / 4),  # (b) sigma_f > 0, sigma_g = 0: ~ log K / K^(1/2)
     "deterministic": (1 / 3, 0.0),  # (c) eta_k = 1: ||grad F(x_K)||^2 ~ log K / K^(2/3)
-    "constant": (0.0, 0.0),
+    "constant": (1 / 2, 1 / 2),  # Sec. 4.4: constant lam, alpha_k, gamma_k ~ k^(-1/2)
 }
 assert F3SA_REGIMES.keys() == F2SA_REGIMES.keys()  # F2SA.validate checks the regime names
 
@@ -120,10 +121,12 @@ class F3SA(Solver):
         batch_size: minibatch size of every estimator's sample (None = full data).
         lam0: lambda_0; (9b) asks lambda_0 >= 2 l_{f,1}/mu_g.
         regime: Corollary 4.4 exponents (a, c): "stochastic" (3/5, 2/5), "outer-noise"
-            (1/2, 1/4), "deterministic" (1/3, 0; no momentum), "constant" (0, 0), or "auto"
-            (by the problem's noise, as F2SA). ``a``, ``c`` override it.
+            (1/2, 1/4), "deterministic" (1/3, 0; no momentum), "constant" (1/2, 1/2: Sec.
+            4.4's constant lam, eta_k = (k+1)^-1), or "auto" (by the problem's noise, as F2SA).
+            ``a``, ``c`` override it.
         k0: offset k_0 of the power laws ((9c) gives a large theoretical value).
-        lam_rule: "closed" (lam_k = gamma_k/alpha_k) or "lagged" (literal (9b): lam_1 = lam_0).
+        lam_rule: "closed" (lam_k = gamma_k/alpha_k) or "lagged" (literal (9b):
+            lam_{k+1} = gamma_k/alpha_k, so lam_1 = lam_0).
         shared_x_sample: one sample phi_x^k for ht_gxy and ht_gxz (Appendix C, the default) or
             two independent ones (Algorithm 1's notation).
         eta: None for (9a)'s ``(k+1)^(-2c)``; a float in (0, 1] or a schedule ``k -> eta``
