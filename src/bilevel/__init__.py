@@ -14,7 +14,7 @@ Quick start::
 from . import metrics, oracles, problems, sets, solvers
 from .diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
 from .problem import BilevelProblem
-from .run import DivergenceError, DivergenceWarning, Result, solve
+from .run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
 
 __version__ = "0.1.0"
 
@@ -24,6 +24,7 @@ __all__ = [
     "Result",
     "DivergenceWarning",
     "DivergenceError",
+    "Interrupted",
     "solvers",
     "problems",
     "sets",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -19,7 +20,7 @@ def _parse_options(options: list[str]) -> dict:
     out = {}
     for item in options:
         if "=" not in item:
-            raise typer.BadParameter(f"--opt takes key=value, got {item!r}.")
+            raise ValueError(f"--opt and --problem-opt take key=value, got {item!r}.")
         key, raw = item.split("=", 1)
         try:
             out[key.strip()] = ast.literal_eval(raw)
@@ -28,14 +29,57 @@ def _parse_options(options: list[str]) -> dict:
     return out
 
 
+#: ``solve``'s and the solvers' argument names that ``bilevel run`` exposes as flags
+_RUN_FLAGS = ("steps", "seeds", "eval_every", "lr_outer", "lr_inner", "batch_size")
+
+
+def _with_flag_names(message: str) -> str:
+    """Library messages name API arguments (``solve(steps=...)``, ``F2SA(lr_outer=...)``,
+    ``batch_size=32``); on the command line the flags (``--steps``) are what a user can change.
+    Other solver options are set with ``--opt NAME=VALUE``."""
+    import bilevel as bl
+
+    solver_classes = {bl.solvers.get(name).__name__ for name in bl.solvers.names()}
+
+    def flag(match: re.Match) -> str:
+        owner, name = match.group(1), match.group(2)
+        if name in _RUN_FLAGS and (owner == "solve" or owner in solver_classes):
+            return f"--{name.replace('_', '-')}"
+        return f"--opt {name}=..." if owner in solver_classes else match.group(0)
+
+    message = re.sub(r"\b(\w+)\((\w+)=(\.\.\.|[^)]*)\)", flag, message)
+    message = re.sub(
+        r"(?<![-\w])(batch_size|lr_outer|lr_inner)=",
+        lambda m: "--" + m.group(1).replace("_", "-") + "=",
+        message,
+    )
+    return message.replace(
+        "use another checkpoint directory", "use another --out, or --no-checkpoint,"
+    )
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
 @contextlib.contextmanager
-def _bad_input_as_message():
-    """Bad input (ValueError/TypeError from the library) ends with a message, not a traceback."""
+def _bad_input_as_message(flags: bool = False):
+    """Bad input (ValueError/TypeError from the library, a missing dataset) ends with one line
+    ``error: ...`` and exit code 2, not a traceback; ``flags`` rewrites argument names as the
+    command's flags."""
+    from .data import DatasetNotFoundError
+
     try:
         yield
-    except (ValueError, TypeError) as err:
-        typer.echo(f"error: {err}", err=True)
+    except (ValueError, TypeError, DatasetNotFoundError) as err:
+        text = _one_line(err)
+        typer.echo(f"error: {_with_flag_names(text) if flags else text}", err=True)
         raise typer.Exit(code=2) from err
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
 
 
 @app.command()
@@ -63,22 +107,32 @@ def run(
     problem: str = typer.Option("quadratic", help="problem name (see `bilevel problems`)"),
     solver: str = typer.Option("f2sa", help="solver name (see `bilevel solvers`)"),
     steps: int = typer.Option(2000, help="outer iterations"),
-    seeds: int = typer.Option(1, help="number of seeds, run as one vmapped program"),
-    eval_every: int = typer.Option(100, help="steps between evaluations"),
+    seeds: int = typer.Option(1, help="number of seeds (0, 1, ...), run as one vmapped program"),
+    eval_every: int = typer.Option(
+        None, help="steps between evaluations (default: steps/100, at least 1)"
+    ),
     lr_outer: float = typer.Option(None, help="outer step size (default: the problem's hint)"),
     lr_inner: float = typer.Option(None, help="inner step size (default: the problem's hint)"),
     batch_size: int = typer.Option(None, help="minibatch size (default: full data)"),
     opt: list[str] = typer.Option([], help="other solver hyperparameters, key=value"),
     problem_opt: list[str] = typer.Option([], help="problem options, key=value"),
     out: Path = typer.Option(Path("runs/latest"), help="output directory"),
-    checkpoint: bool = typer.Option(False, help="checkpoint to OUT/checkpoint and resume"),
-    progress: bool = typer.Option(True, help="show a progress bar"),
+    checkpoint: bool = typer.Option(
+        True, help="checkpoint into OUT/checkpoint and resume from it when rerun"
+    ),
+    progress: bool = typer.Option(True, help="show progress on stderr"),
 ) -> None:
-    """Run SOLVER on PROBLEM; write history (CSV, parquet), a PNG plot and a JSON summary."""
-    with _bad_input_as_message():
-        import bilevel as bl
+    """Run SOLVER on PROBLEM; write history (CSV, parquet), a PNG plot and a JSON summary.
 
-        from .report import plot_history
+    Ctrl-C (or SIGTERM) stops at the last evaluation, writes the outputs of the steps done and
+    the checkpoint; the same command then resumes.
+    """
+    for flag, value in (("--steps", steps), ("--seeds", seeds), ("--eval-every", eval_every)):
+        if value is not None and value < 1:
+            _fail(f"{flag} must be a positive integer, got {value}.")
+    every = eval_every if eval_every is not None else max(1, steps // 100)
+    with _bad_input_as_message(flags=True):
+        import bilevel as bl
 
         prob = bl.problems.make(problem, **_parse_options(problem_opt))
         hints = dict(bl.problems.solver_hints(problem))
@@ -93,37 +147,57 @@ def run(
         hyper.update(_parse_options(opt))
         slv = bl.solvers.make(solver, **hyper)
         out.mkdir(parents=True, exist_ok=True)
-        res = bl.solve(
-            prob,
-            slv,
-            steps=steps,
-            seeds=list(range(seeds)),
-            eval_every=eval_every,
-            checkpoint=(out / "checkpoint") if checkpoint else None,
-            progress=progress,
-        )
-        res.history.to_csv(out / "history.csv", index=False)
-        res.history.to_parquet(out / "history.parquet", index=False)
-        plot_history({solver: res.history}, out / "history.png", title=prob.name)
-        last = res.history[res.history.step == res.history.step.max()]
-        summary = {
-            "problem": prob.name,
-            "solver": repr(slv),
-            "steps": res.steps,
-            "seeds": res.seeds,
-            "diverged": res.diverged,
-            "message": res.message,
-            "final_mean": {c: float(last[c].mean()) for c in last.columns if c not in ("seed",)},
-        }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        typer.echo(
-            f"{res.message}; wrote {out}/history.csv, history.parquet, history.png, summary.json"
-        )
-        for col in ("grad_norm", "x_err", "outer_loss"):
-            if col in last:
-                first = res.history[res.history.step == 0][col].mean()
-                mean = last[col].mean()
-                typer.echo(f"  {col}: {first:.4e} -> {mean:.4e} (mean over {len(last)} seed(s))")
+        try:
+            res = bl.solve(
+                prob,
+                slv,
+                steps=steps,
+                seeds=range(seeds),
+                eval_every=every,
+                checkpoint=(out / "checkpoint") if checkpoint else None,
+                progress=progress,
+            )
+        except bl.Interrupted as stop:
+            _write_run_outputs(stop.result, prob.name, out, interrupted=True)
+            typer.echo(f"{stop.signal}: stopped at step {stop.result.steps} of {steps}.", err=True)
+            typer.echo(f"wrote {out}/history.csv, .parquet, .png and summary.json")
+            if stop.checkpoint is not None:
+                typer.echo(f"checkpoint: {stop.checkpoint}; rerun the same command to resume.")
+            else:
+                typer.echo("no checkpoint (--no-checkpoint): a rerun starts from step 0.")
+            raise typer.Exit(code=130) from None
+    _write_run_outputs(res, prob.name, out)
+    typer.echo(
+        f"{res.message}; wrote {out}/history.csv, history.parquet, history.png, summary.json"
+    )
+    last = res.history[res.history.step == res.history.step.max()]
+    for col in ("grad_norm", "x_err", "F_gap", "outer_loss"):
+        if col in last:
+            first = res.history[res.history.step == 0][col].mean()
+            typer.echo(
+                f"  {col}: {first:.4e} -> {last[col].mean():.4e} (mean over {len(last)} seed(s))"
+            )
+
+
+def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = False) -> None:
+    """history.csv / .parquet, history.png (one panel per headline metric) and summary.json."""
+    from .report import plot_run
+
+    res.history.to_csv(out / "history.csv", index=False)
+    res.history.to_parquet(out / "history.parquet", index=False)
+    plot_run(res.history, out / "history.png", label=res.solver.name, title=problem_name)
+    last = res.history[res.history.step == res.history.step.max()]
+    summary = {
+        "problem": problem_name,
+        "solver": repr(res.solver),
+        "steps": res.steps,
+        "interrupted": interrupted,
+        "seeds": res.seeds,
+        "diverged": res.diverged,
+        "message": res.message,
+        "final_mean": {c: float(last[c].mean()) for c in last.columns if c not in ("seed",)},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 @app.command()

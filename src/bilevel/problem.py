@@ -121,6 +121,7 @@ class BilevelProblem:
                         f"BilevelProblem(x_set=...) must be a bl.sets set with project() and "
                         f"lmo(), got {type(self.x_set).__name__}."
                     )
+            _check_x_set(self.x_set, x0)
             inside = bool(self.x_set.contains(x0))
             if not inside:
                 warnings.warn(
@@ -130,6 +131,9 @@ class BilevelProblem:
                     stacklevel=3,
                 )
                 object.__setattr__(self, "x0", self.x_set.project(x0))
+
+        if self.metrics is not None:
+            _check_metrics(self.metrics, x0, self.y0)
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
@@ -239,3 +243,52 @@ def _check_signature(arg: str, fn, x0, y0, data) -> None:
         )
     if not jnp.issubdtype(leaves[0].dtype, jnp.floating):
         raise ValueError(f"BilevelProblem({arg}=...) must return a float, got {leaves[0].dtype}.")
+
+
+def _shapes(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda a: tuple(np.shape(a)), tree)
+
+
+def _check_x_set(x_set, x0: PyTree) -> None:
+    """``x_set`` must project and take LMOs of pytrees shaped like ``x0`` (before any compile)."""
+    name = type(x_set).__name__
+    for meth in ("project", "lmo"):
+        try:
+            out = jax.eval_shape(getattr(x_set, meth), x0)
+        except Exception as err:
+            reason = str(err).rstrip(".")
+            raise ValueError(
+                f"BilevelProblem(x_set={name}(...)) does not fit x0 (shapes {_shapes(x0)}): "
+                f"x_set.{meth}(x0) fails with {type(err).__name__}: {reason}. Give the set's "
+                "parameters (e.g. Box bounds) as scalars, or with the shapes of x0."
+            ) from err
+        if jax.tree.structure(out) != jax.tree.structure(x0) or _shapes(out) != _shapes(x0):
+            raise ValueError(
+                f"BilevelProblem(x_set={name}(...)) does not fit x0: x_set.{meth}(x0) has "
+                f"shapes {_shapes(out)}, x0 has {_shapes(x0)}. Give the set's parameters (e.g. "
+                "Box bounds) as scalars, or with the shapes of x0."
+            )
+
+
+def _check_metrics(metrics, x0: PyTree, y0: PyTree) -> None:
+    """``metrics(x, y)`` must return a dict of scalars: one history column each."""
+    try:
+        out = jax.eval_shape(metrics, x0, y0)
+    except Exception as err:
+        raise ValueError(
+            f"BilevelProblem(metrics=...) could not be evaluated as metrics(x0, y0) (it must be "
+            f"a jit-able function of x and y): {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(out, dict):
+        raise ValueError(
+            f"BilevelProblem(metrics=...) must return a dict name -> scalar, got "
+            f"{type(out).__name__}."
+        )
+    for key, value in out.items():
+        shape = np.shape(value) if not isinstance(value, jax.ShapeDtypeStruct) else value.shape
+        if not isinstance(key, str) or shape != ():
+            raise ValueError(
+                f"BilevelProblem(metrics=...) entry {key!r} has shape {shape}; every metric "
+                "must be a scalar (one history column): reduce it (e.g. jnp.linalg.norm) or "
+                "return one entry per component."
+            )

@@ -8,12 +8,16 @@ a second ``solve`` with an equal solver and a problem of the same structure comp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
+import operator
 import os
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
@@ -33,7 +38,7 @@ from .solvers.base import OuterState, Solver
 
 PyTree = Any
 
-__all__ = ["solve", "Result", "DivergenceWarning", "DivergenceError"]
+__all__ = ["solve", "Result", "DivergenceWarning", "DivergenceError", "Interrupted"]
 
 _CHECKPOINT_FILE = "checkpoint.npz"
 _CHECKPOINT_VERSION = 2  # 2: solver states carry OuterState (direction_norm)
@@ -258,6 +263,246 @@ def _load_checkpoint(directory: Path, state_template, signature: str):
     return state, meta, history
 
 
+# ---- the pieces of a run ---------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """``solve`` was stopped by Ctrl-C (SIGINT) or SIGTERM; nothing computed is lost.
+
+    It subclasses ``KeyboardInterrupt``, so code that does not catch it stops as on Ctrl-C.
+
+    Attributes:
+        result: the partial :class:`Result` (history up to the last evaluation, the iterates
+            there, ``steps`` = the steps done).
+        checkpoint: the checkpoint directory written at that evaluation (``None`` when the run
+            had no ``checkpoint=``); calling ``solve`` again with the same arguments resumes
+            from it.
+        signal: ``"SIGINT"`` or ``"SIGTERM"``.
+    """
+
+    def __init__(self, message: str, result: Result, checkpoint: Path | None, signal: str):
+        super().__init__(message)
+        self.result = result
+        self.checkpoint = checkpoint
+        self.signal = signal
+
+
+class _StopRequested(Exception):
+    """Raised by the signal handler to leave a running chunk."""
+
+
+class _StopSignals:
+    """SIGINT and SIGTERM while ``solve`` runs: a request to stop at a consistent point.
+
+    Outside bookkeeping the handler raises at once (JAX's wait for a chunk is interruptible,
+    and the chunk's result is simply dropped: the last evaluation is at most one chunk
+    behind). Inside :meth:`bookkeeping` (history rows, checkpoint writes) it only records the
+    request, acted on after that block, so rows, counters and state always describe one step.
+    A second signal aborts at once with a plain ``KeyboardInterrupt``. Handlers are installed
+    only in the main thread (Python allows no other) and restored on exit.
+    """
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._critical = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    def _handle(self, signum, frame):
+        if self.requested is not None:
+            raise KeyboardInterrupt  # second signal: the user wants out now
+        self.requested = signal.Signals(signum).name
+        if not self._critical:
+            raise _StopRequested
+
+    @contextlib.contextmanager
+    def bookkeeping(self):
+        """A block a (first) signal does not interrupt; the caller checks ``requested`` after."""
+        self._critical = True
+        try:
+            yield
+        finally:
+            self._critical = False
+
+
+class _History:
+    """History rows and per-seed Python-int counter totals (int32 counters may wrap)."""
+
+    def __init__(self, seeds: list[int]):
+        self.seeds = seeds
+        self.rows: list[dict] = []
+        self.totals = [{k: 0 for k in Counts._fields} | {"raw": {}} for _ in seeds]
+        self.alive = np.ones(len(seeds), bool)
+
+    def restore(self, meta: dict, rows: list[dict]) -> None:
+        self.rows = rows
+        self.totals = [dict(t) for t in meta["totals"]]
+        self.alive = np.array(meta["alive"], bool)
+
+    def meta(self) -> dict:
+        return {"totals": self.totals, "alive": self.alive.tolist()}
+
+    def record(self, metrics: dict, counts: Counts, finite, step: int, seconds: float):
+        """Add the rows of one evaluation; returns which seeds are finite (and not exploded)."""
+        finite = np.atleast_1d(np.asarray(finite)) & ~_exploded(metrics, step, self)
+        new_rows = []
+        for i, seed in enumerate(self.seeds):
+            totals = self._add_counts(i, counts)
+            if self.alive[i] and finite[i]:
+                new_rows.append(self._row(seed, step, seconds, totals, metrics, i))
+        self.rows.extend(new_rows)
+        return finite
+
+    def _add_counts(self, i: int, counts: Counts) -> dict:
+        t = self.totals[i]
+        for k, v in counts._asdict().items():  # add deltas mod 2^32
+            v = np.atleast_1d(np.asarray(v)).astype(np.int64) & 0xFFFFFFFF
+            raw = int(v[i] if v.size > 1 else v[0])
+            t[k] += (raw - t["raw"].get(k, 0)) % (1 << 32)
+            t["raw"][k] = raw
+        return t
+
+    @staticmethod
+    def _row(seed, step, seconds, t, metrics, i) -> dict:
+        calls = {k: t[k] for k in Counts._fields if not k.startswith("samples")}
+        row = {
+            "seed": seed,
+            "step": step,
+            "samples": t["samples_outer"] + t["samples_inner"],
+            "samples_outer": t["samples_outer"],
+            "samples_inner": t["samples_inner"],
+            "oracle_calls": sum(calls.values()),
+            **calls,
+            "seconds": seconds,
+        }
+        for name, v in metrics.items():
+            v = np.atleast_1d(np.asarray(v))
+            row[name] = float(v[i] if v.size > 1 else v[0])
+        return row
+
+
+class _Checkpointer:
+    """Atomic saves at most every ``interval`` seconds (always when forced), and the resume."""
+
+    def __init__(self, directory: Path | None, signature: str, interval: float):
+        self.directory = directory
+        self.signature = signature
+        self.interval = interval
+        self.last_save = time.monotonic()
+
+    def load(self, state_template, history: _History, steps: int):
+        """``(state, step, seconds)`` of the checkpoint, or ``None`` when there is none."""
+        if self.directory is None:
+            return None
+        loaded = _load_checkpoint(self.directory, state_template, self.signature)
+        if loaded is None:
+            return None
+        state, meta, rows = loaded
+        done = int(meta["step"])
+        if done > steps:
+            raise ValueError(
+                f"the checkpoint in {self.directory} is at step {done}, beyond steps={steps}; "
+                f"ask for at least {done} steps or use another checkpoint directory."
+            )
+        history.restore(meta, rows)
+        return state, done, float(meta["seconds"])
+
+    def save(self, state, history: _History, step: int, seconds: float, force: bool) -> None:
+        if self.directory is None:
+            return
+        if not force and time.monotonic() - self.last_save < self.interval:
+            return
+        meta = {"signature": self.signature, "step": step, "seconds": seconds} | history.meta()
+        _save_checkpoint(self.directory, state, meta, history.rows)
+        self.last_save = time.monotonic()
+
+
+def _check_seeds(seed, seeds) -> list[int]:
+    if seeds is None:
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+            raise TypeError(f"solve(seed=...) must be an int, got {seed!r}.")
+        return [int(seed)]
+    if isinstance(seeds, int | np.integer):
+        raise TypeError(
+            f"solve(seeds={seeds!r}): seeds is a list of seeds, not a count; for {seeds} seeds "
+            f"use seeds=range({seeds})."
+        )
+    try:
+        seed_list = [operator.index(s) for s in seeds]
+    except TypeError as err:
+        raise TypeError(
+            f"solve(seeds=...) must be a sequence of ints such as range(5), got {seeds!r}."
+        ) from err
+    if not seed_list:
+        raise ValueError("solve(seeds=...) is empty; give at least one seed.")
+    if len(set(seed_list)) != len(seed_list):
+        raise ValueError(f"solve(seeds=...) has repeated seeds: {seed_list}.")
+    return seed_list
+
+
+def _check_checkpoint_dir(checkpoint) -> Path | None:
+    """The checkpoint directory, created now: a bad path fails before anything is compiled."""
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint)
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"solve(checkpoint={str(path)!r}) is a file, not a directory; give a directory "
+            f"(it will hold {_CHECKPOINT_FILE}), e.g. {str(path.with_suffix(''))!r}_ckpt."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"solve(checkpoint={str(path)!r}) cannot be created: {err.strerror or err}; give a "
+            "writable directory."
+        ) from err
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"solve(checkpoint={str(path)!r}) is not writable; give another one.")
+    return path
+
+
+def _check_arguments(problem, solver, steps, on_divergence, eval_every) -> tuple[int, int]:
+    """``(steps, every)`` after checking the plain arguments of ``solve``."""
+    if not isinstance(problem, BilevelProblem):
+        raise TypeError(
+            f"solve(problem=...) needs a bl.BilevelProblem, got {type(problem).__name__}."
+        )
+    if not isinstance(solver, Solver):
+        raise TypeError(
+            f"solve(solver=...) needs a solver from bl.solvers.make(...), got "
+            f"{type(solver).__name__}."
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+        raise ValueError(f"solve(steps=...) must be a positive int, got {steps!r}.")
+    if on_divergence not in ("warn", "raise"):
+        raise ValueError(f"on_divergence must be 'warn' or 'raise', got {on_divergence!r}.")
+    every = steps if eval_every is None else eval_every
+    if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 1:
+        raise ValueError(f"solve(eval_every=...) must be a positive int, got {eval_every!r}.")
+    return int(steps), min(int(every), int(steps))
+
+
+def _check_convexity(problem: BilevelProblem) -> None:
+    """Warn (``NotStronglyConvexWarning``) when g(x0, .) does not look strongly convex.
+
+    Every method here assumes it; with an explicit ``lr_inner`` nothing else would look, and a
+    concave inner problem would only show as a divergence stop much later. The Lanczos
+    estimate is cached per problem (``"auto"`` step sizes reuse it).
+    """
+    from .diagnose import diagnose
+
+    diagnose(problem, warn=True)
+
+
 # ---- the driver ---------------------------------------------------------------------------
 def solve(
     problem: BilevelProblem,
@@ -280,15 +525,18 @@ def solve(
         solver: from ``bl.solvers.make(name, ...)``.
         steps: number of outer iterations.
         seed: the PRNG seed of a single run.
-        seeds: several seeds run as one vmapped program (results get a leading seed axis).
+        seeds: several seeds (a sequence such as ``range(5)``) run as one vmapped program;
+            results get a leading seed axis.
         eval_every: steps between evaluations (metrics, history rows, progress, divergence
             checks, checkpoints); ``None`` = once at the end. Capped at ``steps``.
-        checkpoint: a directory. The run saves there (atomically, at most every
-            ``checkpoint_interval`` seconds and at the end) and, called again with the same
-            arguments, resumes from the latest checkpoint and ends bit-identical to an
-            uninterrupted run. The file is an ``.npz`` read with ``allow_pickle=False``.
+        checkpoint: a directory (created if missing). The run saves there (atomically, at most
+            every ``checkpoint_interval`` seconds, at the end and when interrupted) and, called
+            again with the same arguments, resumes from the latest checkpoint and ends
+            bit-identical to an uninterrupted run. The file is an ``.npz`` read with
+            ``allow_pickle=False``.
         checkpoint_interval: minimum seconds between checkpoint writes (0 = every evaluation).
-        progress: show a progress bar (step, samples, latest metric, ETA).
+        progress: show progress on stderr: a bar (step count, rate, ETA) on a terminal, one
+            line per evaluation otherwise; also says when a run resumes.
         on_divergence: ``"warn"`` (a :class:`DivergenceWarning`, results kept) or ``"raise"``
             (a :class:`DivergenceError` whose ``.result`` holds them).
         init: optional ``init(key) -> (x0, y0)`` drawing a random start per seed (the "random
@@ -297,172 +545,147 @@ def solve(
 
     Returns:
         A :class:`Result`.
+
+    Raises:
+        Interrupted: on Ctrl-C (SIGINT) or SIGTERM, after writing the checkpoint (when one was
+            asked for); its ``.result`` holds the history and iterates of the steps done.
+        NotStronglyConvexWarning: (a warning) when g(x0, .) does not look strongly convex.
     """
-    if not isinstance(problem, BilevelProblem):
-        raise TypeError(
-            f"solve(problem=...) needs a bl.BilevelProblem, got {type(problem).__name__}."
-        )
-    if not isinstance(solver, Solver):
-        raise TypeError(
-            f"solve(solver=...) needs a solver from bl.solvers.make(...), got "
-            f"{type(solver).__name__}."
-        )
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"solve(steps=...) must be a positive int, got {steps!r}.")
-    steps = int(steps)
-    if on_divergence not in ("warn", "raise"):
-        raise ValueError(f"on_divergence must be 'warn' or 'raise', got {on_divergence!r}.")
+    steps, every = _check_arguments(problem, solver, steps, on_divergence, eval_every)
     batched = seeds is not None
-    seed_list = [int(s) for s in (seeds if batched else [seed])]
-    if batched and not seed_list:
-        raise ValueError("solve(seeds=...) is empty; give at least one seed.")
-    if len(set(seed_list)) != len(seed_list):
-        raise ValueError(f"solve(seeds=...) has repeated seeds: {seed_list}.")
-    every = steps if eval_every is None else int(eval_every)
-    if every < 1:
-        raise ValueError(f"solve(eval_every=...) must be a positive int, got {eval_every!r}.")
-    every = min(every, steps)
+    seed_list = _check_seeds(seed, seeds)
+    ckpt_dir = _check_checkpoint_dir(checkpoint)
     solver.check_problem(problem)
     solver = solver.resolve(problem)
+    _check_convexity(problem)
 
     state = _init_states(solver, problem, seed_list, batched, init)
-    evaluate = _compiled("eval", solver, problem, state, 0, batched)
-
-    ckpt_dir = Path(checkpoint) if checkpoint is not None else None
+    history = _History(seed_list)
     signature = _signature(problem, solver, seed_list, batched, every, init)
-    rows: list[dict] = []
-    done, seconds = 0, 0.0
-    totals = None  # per-seed Python-int totals of the counters (no int32 overflow)
-    alive = np.ones(len(seed_list), bool)
-    resumed = ckpt_dir is not None and (ckpt_dir / _CHECKPOINT_FILE).exists()
-    if resumed:
-        state, meta, rows = _load_checkpoint(ckpt_dir, state, signature)
-        done, seconds = int(meta["step"]), float(meta["seconds"])
-        totals = [dict(t) for t in meta["totals"]]
-        alive = np.array(meta["alive"], bool)
-        if done > steps:
-            raise ValueError(
-                f"the checkpoint in {ckpt_dir} is at step {done}, beyond steps="
-                f"{steps}; ask for at least {done} steps or use another directory."
-            )
-
-    def record(state_now, step_now):
-        nonlocal totals
-        metrics, counts, finite = jax.device_get(evaluate(problem, state_now))
-        counts_np = {
-            k: np.atleast_1d(np.asarray(v)).astype(np.int64) & 0xFFFFFFFF
-            for k, v in counts._asdict().items()
-        }
-        if totals is None:
-            totals = [
-                {k: 0 for k in Counts._fields} | {"raw": {k: 0 for k in Counts._fields}}
-                for _ in seed_list
-            ]
-        finite = np.atleast_1d(np.asarray(finite))
-        exploded = _exploded(metrics, step_now, len(seed_list), rows, seed_list)
-        finite = finite & ~exploded
-        for i, s in enumerate(seed_list):
-            t = totals[i]
-            for k in Counts._fields:  # counters are int32 and may wrap: add deltas mod 2^32
-                raw = int(counts_np[k][i] if counts_np[k].size > 1 else counts_np[k][0])
-                t[k] += (raw - t["raw"][k]) % (1 << 32)
-                t["raw"][k] = raw
-            if not (alive[i] and finite[i]):
-                continue
-            row = {
-                "seed": s,
-                "step": step_now,
-                "samples": t["samples_outer"] + t["samples_inner"],
-                "samples_outer": t["samples_outer"],
-                "samples_inner": t["samples_inner"],
-                "oracle_calls": sum(t[k] for k in Counts._fields if not k.startswith("samp")),
-            }
-            row.update({k: t[k] for k in Counts._fields if not k.startswith("samples")})
-            row["seconds"] = seconds
-            for name, v in metrics.items():
-                v = np.atleast_1d(np.asarray(v))
-                row[name] = float(v[i] if v.size > 1 else v[0])
-            rows.append(row)
-        return finite
-
-    if not resumed:
-        finite0 = record(state, 0)
-        if not np.all(finite0):
-            bad = [s for s, ok in zip(seed_list, finite0, strict=True) if not ok]
-            raise ValueError(
-                f"the starting point is not finite for seeds {bad} (the initial "
-                "state or metrics contain NaN/inf); check x0, y0 and the data."
-            )
-
-    progress_bar = _Progress(progress, steps, problem.name, solver.name)
-    progress_bar.update(done, rows)
-    last_save = time.monotonic()
-    diverged_at: dict[int, int] = {}
-    try:
-        while done < steps and alive.any():
-            length = min(every, steps - done)
-            chunk = _compiled("chunk", solver, problem, state, length, batched)
-            t0 = time.perf_counter()
-            new_state = chunk(problem, state)
-            jax.block_until_ready(new_state)
-            seconds += time.perf_counter() - t0
-            done += length
-            finite = record(new_state, done)
-            newly = alive & ~finite
-            for i in np.flatnonzero(newly):
-                diverged_at[seed_list[i]] = done
-            alive &= finite
-            state = _keep_good(new_state, state, alive, batched)
-            progress_bar.update(done, rows)
-            if ckpt_dir is not None and (
-                time.monotonic() - last_save >= checkpoint_interval
-                or done >= steps
-                or not alive.all()
-            ):
-                meta = {
-                    "signature": signature,
-                    "step": done,
-                    "seconds": seconds,
-                    "totals": totals,
-                    "alive": alive.tolist(),
-                }
-                _save_checkpoint(ckpt_dir, state, meta, rows)
-                last_save = time.monotonic()
-    finally:
-        progress_bar.close()
-
-    history = pd.DataFrame(rows)
-    x, y = solver.output(state)
-    diverged = [s for s, ok in zip(seed_list, alive, strict=True) if not ok]
-    if diverged_at or diverged:
-        detail = ", ".join(f"seed {s} by step {k}" for s, k in diverged_at.items()) or ", ".join(
-            f"seed {s}" for s in diverged
-        )
-        message = (
-            f"{solver.name} diverged on {problem.name} ({detail}): non-finite iterates or "
-            f"metrics, or a headline metric beyond {EXPLOSION_FACTOR:.0e} x its start. Kept "
-            "the history and the last finite iterates of those seeds; try smaller step sizes "
-            "(lr_outer, lr_inner)."
-        )
+    checkpointer = _Checkpointer(ckpt_dir, signature, checkpoint_interval)
+    display = _progress.Progress(progress, steps, solver.name, problem.name, len(seed_list))
+    run = _Run(problem, solver, batched, every, steps, history, checkpointer, display)
+    resumed = checkpointer.load(state, history, steps)
+    if resumed is not None:
+        state, run.done, run.seconds = resumed
+        display.note(f"resuming from step {run.done:,} (checkpoint in {ckpt_dir})")
     else:
-        message = f"completed {done} steps"
-    result = Result(
-        x=x,
-        y=y,
-        history=history,
-        state=state,
-        diverged=diverged,
-        message=message,
-        solver=solver,
-        problem_name=problem.name,
-        seeds=seed_list,
-        steps=done,
-    )
-    if diverged:
+        run.record_start(state)
+    try:
+        state, stopped = run.loop(state)
+    finally:
+        display.close()
+    result = run.result(state, resumed is not None)
+    if stopped is not None:
+        raise Interrupted(result.message, result, ckpt_dir, stopped)
+    if result.diverged:
         if on_divergence == "raise":
-            raise DivergenceError(message, result)
-        warnings.warn(message, DivergenceWarning, stacklevel=2)
+            raise DivergenceError(result.message, result)
+        warnings.warn(result.message, DivergenceWarning, stacklevel=2)
     return result
+
+
+@dataclasses.dataclass
+class _Run:
+    """The loop of one ``solve``: compiled chunks, evaluations, checkpoints, the result."""
+
+    problem: BilevelProblem
+    solver: Solver
+    batched: bool
+    every: int
+    steps: int
+    history: _History
+    checkpointer: _Checkpointer
+    display: _progress.Progress
+    done: int = 0
+    seconds: float = 0.0
+    diverged_at: dict = dataclasses.field(default_factory=dict)
+
+    def evaluate(self, state, step: int):
+        evaluate = _compiled("eval", self.solver, self.problem, state, 0, self.batched)
+        metrics, counts, finite = jax.device_get(evaluate(self.problem, state))
+        return self.history.record(metrics, counts, finite, step, self.seconds)
+
+    def record_start(self, state) -> None:
+        finite = self.evaluate(state, 0)
+        if not np.all(finite):
+            bad = [s for s, ok in zip(self.history.seeds, finite, strict=True) if not ok]
+            raise ValueError(
+                f"the starting point is not finite for seeds {bad} (the initial state or "
+                "metrics contain NaN/inf); check x0, y0 and the data."
+            )
+
+    def loop(self, state):
+        """Chunks until ``steps`` or until every seed diverged; ``(state, signal or None)``."""
+        self.display.update(self.done, self.history.rows)
+        with _StopSignals() as stop:
+            try:
+                while self.done < self.steps and self.history.alive.any():
+                    state = self._chunk(state, stop)
+                    if stop.requested is not None:  # arrived during the bookkeeping
+                        break
+            except (_StopRequested, KeyboardInterrupt):  # the running chunk is dropped
+                stop.requested = stop.requested or "SIGINT"
+            if stop.requested is None:
+                return state, None
+            with stop.bookkeeping():
+                self.save(state, force=True)
+            return state, stop.requested
+
+    def _chunk(self, state, stop: _StopSignals):
+        length = min(self.every, self.steps - self.done)
+        chunk = _compiled("chunk", self.solver, self.problem, state, length, self.batched)
+        t0 = time.perf_counter()
+        new_state = jax.block_until_ready(chunk(self.problem, state))
+        elapsed = time.perf_counter() - t0
+        with stop.bookkeeping():
+            self.seconds += elapsed
+            self.done += length
+            finite = self.evaluate(new_state, self.done)
+            alive = self.history.alive
+            for i in np.flatnonzero(alive & ~finite):
+                self.diverged_at[self.history.seeds[i]] = self.done
+            alive &= finite
+            state = _keep_good(new_state, state, alive, self.batched)
+            self.display.update(self.done, self.history.rows)
+            self.save(state, force=self.done >= self.steps or not alive.all())
+        return state
+
+    def save(self, state, force: bool) -> None:
+        self.checkpointer.save(state, self.history, self.done, self.seconds, force)
+
+    def result(self, state, resumed: bool) -> Result:
+        x, y = self.solver.output(state)
+        seeds = self.history.seeds
+        diverged = [s for s, ok in zip(seeds, self.history.alive, strict=True) if not ok]
+        return Result(
+            x=x,
+            y=y,
+            history=pd.DataFrame(self.history.rows),
+            state=state,
+            diverged=diverged,
+            message=self._message(diverged, resumed),
+            solver=self.solver,
+            problem_name=self.problem.name,
+            seeds=seeds,
+            steps=self.done,
+        )
+
+    def _message(self, diverged: list[int], resumed: bool) -> str:
+        name, problem = self.solver.name, self.problem.name
+        if self.diverged_at or diverged:
+            detail = ", ".join(f"seed {s} by step {k}" for s, k in self.diverged_at.items())
+            return (
+                f"{name} diverged on {problem} ({detail or ', '.join(map(str, diverged))}): "
+                f"non-finite iterates or metrics, or a headline metric beyond "
+                f"{EXPLOSION_FACTOR:.0e} x its start. Kept the history and the last finite "
+                "iterates of those seeds; try smaller step sizes (lr_outer, lr_inner)."
+            )
+        if self.done < self.steps and self.history.alive.any():
+            saved = self.checkpointer.directory
+            where = f"; checkpoint in {saved}" if saved is not None else ""
+            return f"interrupted at step {self.done} of {self.steps}{where}"
+        return ("resumed; " if resumed else "") + f"completed {self.done} steps"
 
 
 #: a run whose headline metric grows beyond this factor of its start (and of 1) is diverged
@@ -470,18 +693,19 @@ EXPLOSION_FACTOR = 1e12
 _HEADLINE = ("grad_norm", "outer_loss")
 
 
-def _exploded(metrics: dict, step: int, n_seeds: int, rows: list[dict], seeds: list[int]):
+def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
     """Seeds whose headline metric exploded: finite but beyond ``EXPLOSION_FACTOR`` x its start.
 
     Some runs blow up without ever producing inf (a zeroth-order method whose finite difference
     underflows to 0 stalls at |x| ~ 1e21); they are diverged all the same.
     """
+    n_seeds = len(history.seeds)
     name = next((n for n in _HEADLINE if n in metrics), None)
     if name is None or step == 0:
         return np.zeros(n_seeds, bool)
     values = np.broadcast_to(np.atleast_1d(np.asarray(metrics[name], float)), (n_seeds,))
-    start = {r["seed"]: r[name] for r in rows if r["step"] == 0 and name in r}
-    base = np.array([abs(start.get(s, np.inf)) for s in seeds])
+    start = {r["seed"]: r[name] for r in history.rows if r["step"] == 0 and name in r}
+    base = np.array([abs(start.get(s, np.inf)) for s in history.seeds])
     return np.abs(values) > EXPLOSION_FACTOR * np.maximum(base, 1.0)
 
 
@@ -497,51 +721,3 @@ def _keep_good(new_state, old_state, alive: np.ndarray, batched: bool):
         return jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
 
     return jax.tree.map(pick, new_state, old_state)
-
-
-class _Progress:
-    """A rich progress bar: step, samples, the latest headline metric and an ETA."""
-
-    HEADLINE = ("grad_norm", "outer_loss")
-
-    def __init__(self, enabled: bool, steps: int, problem_name: str, solver_name: str):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn(f"[bold]{solver_name}[/] on {problem_name[:40]}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-        )
-        self.task = self.bar.add_task("solve", total=steps, info="")
-        self.bar.start()
-
-    def update(self, done: int, rows: list[dict]) -> None:
-        if self.bar is None:
-            return
-        info = ""
-        if rows:
-            last = rows[-1]
-            info = f"samples {last['samples']:,}"
-            for name in self.HEADLINE:
-                if name in last:
-                    info += f"  {name} {last[name]:.3e}"
-                    break
-        self.bar.update(self.task, completed=done, info=info)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

@@ -145,12 +145,27 @@ class Solver(abc.ABC):
                 "such as 'ibcg', or drop x_set."
             )
         bs = getattr(self, "batch_size", None)
+        if bs is not None and not problem.stochastic and bs != self._default("batch_size"):
+            # a method's own default (PZOBO-S's 256) only applies where there is data
+            raise ValueError(
+                f"batch_size={bs} but {problem.name} is deterministic (no outer_data or "
+                "inner_data to draw minibatches from); drop batch_size, or give the problem "
+                "data (e.g. bl.problems.quadratic(stochastic=True))."
+            )
         for label, n in (("outer", problem.n_outer), ("inner", problem.n_inner)):
             if bs is not None and n is not None and bs > n:
                 raise ValueError(
                     f"batch_size={bs} is larger than the {label} data ({n} samples); use "
                     f"batch_size <= {n} or None for full batches."
                 )
+
+    @classmethod
+    def _default(cls, name: str) -> Any:
+        """The declared default of field ``name`` (``None`` if it has none)."""
+        for fld in dataclasses.fields(cls):
+            if fld.name == name and fld.default is not dataclasses.MISSING:
+                return fld.default
+        return None
 
     # ---- step sizes as traced arguments ------------------------------------------------------
     #: fields lifted out of the compiled program when they are plain numbers (see below)
