@@ -201,6 +201,87 @@ def test_storm_estimate_is_exact_on_a_noise_free_nonquadratic_problem():
     assert np.abs(np.asarray(state.H_yy) - np.asarray(first_Hyy)).max() > 1e-3  # they moved
 
 
+def _falling_convexity_problem():
+    """g = 1/2 sum_i x_i y_i^2 - sum_i y_i, so d2g/dy2 = diag(x), d2g/dxdy = diag(y) and
+    y*(x) = 1/x; f = -w'y with w > 0, so F(x) = -sum_i w_i / x_i decreases as x does and the
+    run drives x from x0 = 1 to the box floor 0.1: g's strong convexity min_i x_i falls tenfold."""
+    w = jnp.asarray([1.0, 2.0, 3.0])
+    return bl.BilevelProblem(
+        outer=lambda x, y, b: -(w @ y),
+        inner=lambda x, y, b: 0.5 * jnp.sum(x * y**2) - jnp.sum(y),
+        x0=jnp.ones(3),
+        y0=jnp.ones(3),
+        x_set=bl.sets.Box(0.1, 10.0),
+        name="falling-convexity",
+    )
+
+
+def test_auto_floor_follows_the_run():
+    """mu_g="auto" floors H_yy^k at half lambda_min of the sampled Hessian at (x^k, y^k), here
+    exactly diag(x^k), so the floor is min_i x_i^k / 2 and, the STORM estimate being exact
+    without noise, H_yy^k = diag(x^k) although lambda_min falls from 1 to 0.1. A floor fixed at
+    the start (half of lambda_min(x0) = 0.5, the former rule) would give diag(max(x^k, 0.5))
+    once min_i x_i^k < 0.5, which happens here (checked). Round-off only (1e-12)."""
+    p = _falling_convexity_problem()
+    solver = bl.solvers.make("stable", lr_outer=0.05, lr_inner=0.5).resolve(p)
+    assert solver.mu_g_init == pytest.approx(0.5, rel=1e-10)  # bl.diagnose at x0 = 1
+    state = solver.init(p, jax.random.PRNGKey(0))
+    step = jax.jit(solver.step)
+    lowest = 1.0
+    for _ in range(12):
+        new = step(p, state)
+        x = np.asarray(state.x)  # H^k and its floor are formed at (x^k, y^k)
+        assert float(new.mu_g) == pytest.approx(0.5 * x.min(), rel=1e-12)
+        np.testing.assert_allclose(new.H_yy, np.diag(x), atol=1e-12)
+        np.testing.assert_allclose(new.H_xy, np.diag(np.asarray(state.y)), atol=1e-12)
+        lowest = min(lowest, x.min())
+        state = new
+    assert lowest == pytest.approx(0.1, rel=1e-12)  # x reached the box floor
+
+
+def test_auto_floor_keeps_the_previous_one_when_a_sample_is_singular():
+    """Per-sample Hessians w_i w_i' of rank one (w_i = e_1 or e_2, batch 1) are never positive
+    definite, so the floor stays at mu_g_init: half the full-data lambda_min of (e_1e_1' +
+    e_2e_2')/2 = I/2 from bl.diagnose, 0.25, or the value given. Exact (eigvalsh of diag(1, 0)
+    gives 0)."""
+    data = {"w": jnp.eye(2)}
+    p = bl.BilevelProblem(
+        outer=lambda x, y, b: jnp.sum((y - 1.0) ** 2),
+        inner=lambda x, y, b: 0.5 * jnp.mean((b["w"] @ y) ** 2) - x @ y,
+        x0=jnp.zeros(2),
+        y0=jnp.zeros(2),
+        inner_data=data,
+    )
+    for given, expected in ((None, 0.25), (0.3, 0.3)):
+        solver = bl.solvers.make(
+            "stable", lr_outer=0.1, lr_inner=0.1, batch_size=1, mu_g_init=given
+        ).resolve(p)
+        state = solver.init(p, jax.random.PRNGKey(0))
+        step = jax.jit(solver.step)
+        for _ in range(5):
+            state = step(p, state)
+            assert float(state.mu_g) == pytest.approx(expected, rel=1e-12)
+            assert np.linalg.eigvalsh(np.asarray(state.H_yy))[0] >= expected * (1 - 1e-12)
+
+
+def test_correction_keeps_y_on_y_star_with_a_tiny_inner_step(quad):
+    """The single-timescale claim (Lemma 3, spec test 2) as a convergence test: started on
+    y^0 = y*(x^0) with exact matrices, the correction -(H_yy)^{-1} H_xy' (x^{k+1} - x^k) of
+    (8b) moves y exactly along y*(x) (y* is affine), so with an inner step beta = 1e-3, fifty
+    times SMALLER than alpha = 0.05 (TTSA needs alpha << beta), y stays on y*(x^k) to round-off
+    and x converges linearly (~0.9 per step; measured ||x - x*|| 1.36 -> 6e-15 in 300 steps).
+    With the sign of the correction flipped the y-error grows by 2 A^{-1} B (x^{k+1} - x^k) per
+    step and decays only as 1 - beta mu_g = 0.999 per step, so x stalls far from x* (measured:
+    0.32 at step 300, y 1.8 from y*(x)): both assertions fail."""
+    ref = quad.reference
+    p = quad.replace(y0=jnp.asarray(ref.y_star(np.asarray(quad.x0))))
+    solver = bl.solvers.make("stable", lr_outer=0.05, lr_inner=1e-3)
+    res = bl.solve(p, solver, steps=300, eval_every=100, progress=False)
+    x_err = res.history.x_err.to_numpy()
+    assert x_err[-1] <= 1e-10 * x_err[0], res.history
+    np.testing.assert_allclose(np.asarray(res.y), ref.y_star(np.asarray(res.x)), atol=1e-12)
+
+
 # ---- replicas of Algorithm 1 ---------------------------------------------------------------
 def test_matches_algorithm_1_step_by_step(quad):
     """A numpy replica of (8)-(9) written from the paper, with tau = 0.3 and BOTH projections
@@ -254,35 +335,43 @@ def _replica_step(p, solver, state, prev_draw: int):
     Hxy = Hxy + oracles.jacobian_xy(g, state.x, state.y, phi)
     Hyy = (1 - tau) * (state.H_yy - oracles.hessian_yy(g, state.x_prev, state.y_prev, phi_prev))
     Hyy = Hyy + oracles.hessian_yy(g, state.x, state.y, phi)
+    if solver.mu_g == "auto":  # half lambda_min of this step's sampled Hessian (all PD here)
+        floor = 0.5 * jnp.linalg.eigvalsh(oracles.hessian_yy(g, state.x, state.y, phi))[0]
+    else:
+        floor = solver.mu_g
     lam, Q = jnp.linalg.eigh(0.5 * (Hyy + Hyy.T))
-    Hyy = (Q * jnp.maximum(lam, solver.mu_g)[None, :]) @ Q.T
+    Hyy = (Q * jnp.maximum(lam, floor)[None, :]) @ Q.T
     gx_f, gy_f = oracles.grads(f, state.x, state.y, xi)
     x_new = p.project_x(state.x - solver.lr_outer * (gx_f - Hxy @ jnp.linalg.solve(Hyy, gy_f)))
     h_g = oracles.grad_y(g, state.x, state.y, phi)
     y_new = state.y - solver.lr_inner * h_g - jnp.linalg.solve(Hyy, Hxy.T @ (x_new - state.x))
-    return x_new, y_new, Hxy, Hyy
+    return x_new, y_new, Hxy, Hyy, floor
 
 
 _replica = jax.jit(_replica_step, static_argnums=(1, 3))
 
 
-def test_stochastic_step_reuses_one_inner_sample():
+@pytest.mark.parametrize("mu_g", [0.05, "auto"])
+def test_stochastic_step_reuses_one_inner_sample(mu_g):
     """Rebuild each step from the solver's minibatches: ONE inner draw phi^k feeds h_g^k and the
     cross-Jacobian and Hessian at both (x^{k-1}, y^{k-1}) and (x^k, y^k); one outer draw feeds
     both f-gradients. On the logistic problem the matrices depend on the sample and the point,
     so a replica that draws an independent sample for the previous point (negative control)
-    gives a different estimate. Per step: batch_size inner and outer samples, 4 dense calls."""
+    gives a different estimate. Per step: batch_size inner and outer samples, 4 dense calls.
+    With mu_g="auto" the floor is half lambda_min of the SAME sampled Hessian h_yy^k (every
+    sample is positive definite here: sum x_j y_j^2 with x >= 0.1)."""
     p = logistic_ho(stochastic=True)
     bs = 4
     solver = bl.solvers.make(
-        "stable", lr_outer=0.3, lr_inner=0.3, batch_size=bs, tau=0.2, mu_g=0.05
-    )
+        "stable", lr_outer=0.3, lr_inner=0.3, batch_size=bs, tau=0.2, mu_g=mu_g
+    ).resolve(p)
     state = solver.init(p, jax.random.PRNGKey(3))
     step = jax.jit(solver.step)
     for _ in range(4):
-        x, y, Hxy, Hyy = _replica(p, solver, state, 0)
-        _, _, Hxy_other, Hyy_other = _replica(p, solver, state, 1)
+        x, y, Hxy, Hyy, floor = _replica(p, solver, state, 0)
+        _, _, Hxy_other, Hyy_other, _ = _replica(p, solver, state, 1)
         new = step(p, state)
+        np.testing.assert_allclose(new.mu_g, floor, rtol=1e-12)
         np.testing.assert_allclose(new.H_xy, Hxy, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(new.H_yy, Hyy, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(new.x, x, rtol=1e-10, atol=1e-13)
@@ -298,12 +387,21 @@ def test_stochastic_step_reuses_one_inner_sample():
 
 # ---- options, resolution, warnings ------------------------------------------------------------
 def test_schedules():
-    """Theorem 3's orders: alpha_k, beta_k ~ k0/(k0 + k) and tau_k = beta_k by default;
-    "constant" keeps the values; schedules pass through."""
+    """Theorem 3's orders: alpha_k, beta_k ~ k0/(k0 + k); the default tau is its own sequence,
+    k0/(k0 + k) ("strongly-convex") or (k + 1)^(-1/2) ("constant", Theorem 2's 1/sqrt(K) reached
+    at k = K - 1), whatever lr_inner is: with lr_inner >= 1 (in the stable-hpo grid) tau stays
+    below 1, so the recursion (9) stays on. Floats under "constant" are kept; schedules pass
+    through. Exact up to rounding (rel 1e-12)."""
     s = bl.solvers.make("stable", lr_outer=0.2, lr_inner=0.4, mu_g=1.0, regime="strongly-convex")
     for k in (0, 3, 250):
         a, b, t = map(float, s.step_sizes(k))
-        assert (a, b, t) == pytest.approx((0.2 * 100 / (100 + k), 0.4 * 100 / (100 + k), b))
+        decay = 100 / (100 + k)
+        assert (a, b, t) == pytest.approx((0.2 * decay, 0.4 * decay, decay), rel=1e-12)
+    for lr_inner in (0.4, 1.0, 2.0):
+        c = bl.solvers.make("stable", lr_outer=0.2, lr_inner=lr_inner, mu_g=1.0)
+        for k in (0, 3, 250):
+            a, b, t = map(float, c.step_sizes(k))
+            assert (a, b, t) == pytest.approx((0.2, lr_inner, (k + 1) ** -0.5), rel=1e-12)
     c = bl.solvers.make("stable", lr_outer=0.2, lr_inner=0.4, mu_g=1.0, tau=0.3)
     assert tuple(map(float, c.step_sizes(77))) == pytest.approx((0.2, 0.4, 0.3))
     sch = bl.solvers.make("stable", lr_outer=lambda k: 1 / (k + 1), lr_inner=0.4, mu_g=1.0)
@@ -311,13 +409,17 @@ def test_schedules():
 
 
 def test_mu_g_auto_and_unresolved_errors(quad):
-    """mu_g="auto" = half the Lanczos estimate of lambda_min at (x0, y0) (exact here: 1);
+    """mu_g="auto" starts from mu_g_init = half the Lanczos estimate of lambda_min at (x0, y0)
+    (exact here: 1) and stays "auto" (it follows the run); a given mu_g_init is kept;
     lr_inner="auto" = 1/L_g = 0.1. Unresolved "auto" fails clearly in init; a problem that is
     not strongly convex refuses "auto"."""
     solver = bl.solvers.make("stable")
     resolved = solver.resolve(quad)
-    assert resolved.mu_g == pytest.approx(0.5, rel=1e-8)
+    assert resolved.mu_g == "auto"
+    assert resolved.mu_g_init == pytest.approx(0.5, rel=1e-8)
     assert resolved.lr_inner == pytest.approx(0.1, rel=1e-8)
+    assert float(resolved.init(quad, jax.random.PRNGKey(0)).mu_g) == resolved.mu_g_init
+    assert bl.solvers.make("stable", mu_g_init=0.3).resolve(quad).mu_g_init == 0.3
     with pytest.raises(ValueError, match="resolve"):
         solver.init(quad, jax.random.PRNGKey(0))
     flat = bl.BilevelProblem(
@@ -326,7 +428,7 @@ def test_mu_g_auto_and_unresolved_errors(quad):
         x0=jnp.zeros(1),
         y0=jnp.zeros(2),
     )
-    with pytest.raises(ValueError, match="mu_g explicitly"):
+    with pytest.raises(ValueError, match="give mu_g .or mu_g_init. explicitly"):
         bl.solvers.make("stable", lr_inner=0.1).resolve(flat)
 
 
@@ -356,6 +458,8 @@ def test_bad_options():
         ({"regime": "fast"}, "regime"),
         ({"mu_g": -1.0}, "mu_g"),
         ({"mu_g": "big"}, "mu_g"),
+        ({"mu_g_init": 0.0}, "mu_g_init"),
+        ({"mu_g_init": "auto"}, "mu_g_init"),
         ({"tau": 1.5}, "tau"),
         ({"max_cross_norm": 0.0}, "max_cross_norm"),
         ({"k0": 0}, "k0"),

@@ -44,8 +44,8 @@ __all__ = [
 #: dim(y) above which ``STABLE.check_problem`` warns about the dense matrices.
 DENSE_DIM_LIMIT = 2000
 
-#: Step-size orders. "constant": alpha, beta, tau fixed (Theorem 2, nonconvex: all
-#: Theta(1/sqrt(K)) for a horizon K, so the user scales the constants with K).
+#: Step-size orders. "constant": alpha, beta fixed (Theorem 2, nonconvex: all Theta(1/sqrt(K))
+#: for a horizon K, so the user scales the constants with K); the default tau_k = (k+1)^(-1/2).
 #: "strongly-convex": alpha_k, beta_k, tau_k all ~ 1/(k0 + k) (Theorem 3, eq. (30)).
 STABLE_REGIMES = ("constant", "strongly-convex")
 
@@ -91,6 +91,7 @@ class STABLEState(NamedTuple):
     y_prev: PyTree  # y^{k-1} (y^0 at k = 0)
     H_xy: jax.Array  # H_xy^{k-1}: estimate of d^2 g/dx dy, (dim x, dim y), ||.||_F <= C_gxy
     H_yy: jax.Array  # H_yy^{k-1}: estimate of d^2 g/dy^2, (dim y, dim y), symmetric, >= mu_g I
+    mu_g: jax.Array  # the floor of Punder that H_yy^{k-1} was projected with (see STABLE.mu_g)
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
@@ -122,15 +123,40 @@ class STABLE(Solver):
 
     * k = 0: (x^{-1}, y^{-1}) := (x^0, y^0) and tau_0 := 1, so H^0 = P(h^0(phi^0)): the first
       estimate is the first sample's matrix (the spec's alternative); no extra samples.
-    * ``mu_g="auto"``: the paper treats mu_g as a known constant (a lower bound on the
-      eigenvalues of d^2 g/dy^2 everywhere) and reports no value. "auto" takes half the
-      smallest eigenvalue at (x0, y0) estimated by ``bl.diagnose`` (Lanczos on the full-data
-      Hessian): the factor 1/2 is a margin, since the start point's value is only an estimate
-      of the global bound and a floor that is too high biases H_yy (pitfall 5).
+    * ``mu_g="auto"`` (a floor that follows the run). The paper treats mu_g as a known constant,
+      a lower bound on the eigenvalues of d^2 g/dy^2 everywhere (Assumption 2), and reports no
+      value. What the analysis uses of it is that the true Hessian at the iterate lies in the
+      projection set, lambda_min(d^2 g(x^k, y^k)) >= mu_g, so that Punder does not move the
+      estimate away from it and ||H_yy^{-1}|| <= 1/mu_g (eq. (60)). A floor taken once at
+      (x0, y0) loses the first property when the run reaches a less convex region, and then
+      biases H_yy (pitfall 5): on the stable-hpo runs x reached the box floor 1e-3, where g is
+      only 2e-3-strongly convex, far below the start's floor, and some starts diverged
+      (docs/reproduction.md, stable-hpo). So "auto" sets the floor of step k to half the
+      smallest eigenvalue of the sampled Hessian h_yy^k = d^2 g(x^k, y^k; phi^k) that (9b)
+      evaluates anyway (one extra ``eigvalsh``, O(dim y^3)). lambda_min is concave, so
+      E lambda_min(h_yy(phi)) <= lambda_min(E h_yy(phi)): the sample errs low on average, the
+      safe side for a floor, and the factor 1/2 is a margin for the noise. A sample that is not
+      positive definite (lambda_min <= 1e-10 lambda_max, e.g. minibatches of a problem whose
+      per-sample Hessians are singular) keeps the previous floor; the floor before the first
+      step is ``mu_g_init``, by default half ``bl.diagnose``'s full-data estimate at (x0, y0).
+      A float ``mu_g`` is a fixed floor (the paper's reading).
     * ``max_cross_norm=None`` (no clip): C_gxy bounds E||d^2 g/dx dy(.; phi)||^2 (Assumption 3)
       and has no value in the paper, whose Remark says the projections are there for the
       analysis. Give a float to clip.
-    * ``tau=None`` is tau_k = beta_k (Theorem 3 sets them equal; Theorem 2 has both ~ 1/sqrt(K)).
+    * ``tau=None``: the paper's tau is its own sequence, and its value depends on the horizon K:
+      Theorem 2 (nonconvex, eq. (28)) takes tau_k = 1/sqrt(K) with
+      beta_k <= min(1/sqrt(K), ...) and alpha_k <= beta_k, so tau >= beta >= alpha, all of
+      order 1/sqrt(K); Theorem 3 (strongly convex, eq. (30a)) takes beta_k = tau_k
+      <= min((mu_g/L_g)/(32(mu_g + L_g)), 1/(K_0 + k)). A solver does not know K, so the
+      default starts at tau_0 = 1 (the k = 0 convention above) and decays at the theorem's
+      order, independently of the step sizes: tau_k = (k + 1)^(-1/2) under "constant" (at
+      every k < K it is >= Theorem 2's 1/sqrt(K), which it reaches at the last step, so
+      Lemma 4's drift term L^2 ||x^k - x^{k-1}||^2 / tau_k is never larger than with
+      Theorem 2's tau, and its variance term, through sum_k alpha tau_k <= 2 alpha sqrt(K),
+      at most twice as large), and tau_k = k0 / (k0 + k) under "strongly-convex" (Theorem 3's
+      O(1/k)). Tying tau to beta instead (tau_k = min(beta_k, 1)) would switch the recursion
+      off (tau = 1: H^k = P(h^k)) whenever lr_inner >= 1; Theorem 3's tau_k = beta_k is
+      ``tau=lr_inner`` (a float <= 1) under "strongly-convex".
     * Step sizes: the paper's experiments (Sec. 4) follow each theorem's order and pick the
       constants from {1, 0.5, 0.1, 0.05, 0.01}; ``regime`` gives the order, ``lr_*`` the constant.
 
@@ -140,8 +166,15 @@ class STABLE(Solver):
             ``bl.diagnose``. Theory: beta <= (mu_g/L_g)/(32(mu_g + L_g)) and alpha <= beta.
         batch_size: size of phi^k and xi^k (None = full data). The paper's Algorithm 1 draws one
             datum; a minibatch is averaged inside every oracle.
-        tau: STORM weight tau_k in (0, 1], float (initial value) or schedule; None = beta_k.
-        mu_g: eigenvalue floor of H_yy (> 0), or "auto" (see above).
+        tau: STORM weight tau_k in (0, 1] of (9): a float (fixed under "constant", the k = 0
+            value under "strongly-convex"), a schedule, or None (default): (k + 1)^(-1/2) under
+            "constant", k0 / (k0 + k) under "strongly-convex" (see above).
+        mu_g: eigenvalue floor of H_yy: a float (> 0) is a fixed floor; "auto" (default)
+            follows the run, half the smallest eigenvalue of each step's sampled Hessian (see
+            above).
+        mu_g_init: under ``mu_g="auto"``, the floor before the first step and while no sampled
+            Hessian has been positive definite; None (default) is half ``bl.diagnose``'s
+            lambda_min at (x0, y0), filled in by ``resolve``.
         max_cross_norm: C_gxy, the Frobenius radius of H_xy, or None (no clip).
         regime: "constant" (Theorem 2's constant steps) or "strongly-convex" (Theorem 3:
             alpha_k, beta_k, tau_k ~ k0 / (k0 + k), floats are the k = 0 values).
@@ -162,12 +195,14 @@ class STABLE(Solver):
     batch_size: int | None = None
     tau: Any = None
     mu_g: Any = "auto"
+    mu_g_init: float | None = None
     max_cross_norm: float | None = None
     regime: str = "constant"
     k0: float = 100.0
 
     name: ClassVar[str] = "stable"
-    #: ``mu_g="auto"`` is this factor times the Lanczos estimate of lambda_min at (x0, y0)
+    #: ``mu_g="auto"``: this factor times lambda_min of each step's sampled Hessian (and of
+    #: bl.diagnose's estimate at (x0, y0) for the default ``mu_g_init``)
     auto_mu_g_factor: ClassVar[float] = 0.5
 
     def validate(self) -> None:
@@ -180,8 +215,8 @@ class STABLE(Solver):
         if isinstance(self.mu_g, str):
             if self.mu_g != "auto":
                 raise ValueError(
-                    f"STABLE(mu_g={self.mu_g!r}) must be a positive float or 'auto' (half the "
-                    "smallest eigenvalue of d^2 g/dy^2 at (x0, y0), from bl.diagnose)."
+                    f"STABLE(mu_g={self.mu_g!r}) must be a positive float (a fixed floor) or "
+                    "'auto' (half the smallest eigenvalue of each step's sampled d^2 g/dy^2)."
                 )
         elif isinstance(self.mu_g, bool) or not (
             isinstance(self.mu_g, int | float) and 0 < self.mu_g < float("inf")
@@ -189,6 +224,15 @@ class STABLE(Solver):
             raise ValueError(
                 f"STABLE(mu_g=...) must be a positive finite float (a lower bound on the "
                 f"eigenvalues of d^2 g/dy^2) or 'auto', got {self.mu_g!r}."
+            )
+        init = self.mu_g_init
+        if init is not None and (
+            isinstance(init, bool)
+            or not (isinstance(init, int | float) and 0 < init < float("inf"))
+        ):
+            raise ValueError(
+                f"STABLE(mu_g_init=...) must be a positive finite float or None (half "
+                f"bl.diagnose's lambda_min at (x0, y0)), got {init!r}."
             )
         if self.max_cross_norm is not None and not (
             isinstance(self.max_cross_norm, int | float) and self.max_cross_norm > 0
@@ -202,8 +246,8 @@ class STABLE(Solver):
                 isinstance(self.tau, int | float) and 0 < self.tau <= 1
             ):
                 raise ValueError(
-                    f"STABLE(tau=...) must be in (0, 1], a schedule, or None (= beta_k), got "
-                    f"{self.tau!r}."
+                    f"STABLE(tau=...) must be in (0, 1], a schedule, or None ((k+1)^(-1/2) or "
+                    f"k0/(k0+k) by regime), got {self.tau!r}."
                 )
 
     def check_problem(self, problem: BilevelProblem) -> None:
@@ -223,7 +267,7 @@ class STABLE(Solver):
 
     def resolve(self, problem: BilevelProblem) -> STABLE:
         solver = super().resolve(problem)
-        if solver.mu_g == "auto":
+        if solver.mu_g == "auto" and solver.mu_g_init is None:
             from ..diagnose import diagnose
 
             d = diagnose(problem, warn=False)
@@ -231,14 +275,16 @@ class STABLE(Solver):
                 raise ValueError(
                     f"STABLE(mu_g='auto'): the inner problem does not look strongly convex at "
                     f"(x0, y0) (smallest Hessian eigenvalue ~ {d.mu_g:.3g}); STABLE needs a "
-                    "positive floor: give mu_g explicitly."
+                    "positive floor: give mu_g (or mu_g_init) explicitly."
                 )
-            solver = dataclasses.replace(solver, mu_g=self.auto_mu_g_factor * d.mu_g)
+            solver = dataclasses.replace(solver, mu_g_init=self.auto_mu_g_factor * d.mu_g)
         return solver
 
     def _check_resolved(self) -> None:
-        for name in ("mu_g", "lr_inner"):
-            if getattr(self, name) == "auto":
+        unresolved = {"lr_inner": self.lr_inner == "auto"}
+        unresolved["mu_g"] = self.mu_g == "auto" and self.mu_g_init is None
+        for name, missing in unresolved.items():
+            if missing:
                 raise ValueError(
                     f"STABLE({name}='auto') is resolved from the problem by bl.solve; when "
                     f"calling init/step directly use solver.resolve(problem) first or give "
@@ -246,16 +292,29 @@ class STABLE(Solver):
                 )
 
     def step_sizes(self, k) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``(alpha_k, beta_k, tau_k)``: floats scaled by the regime's decay, schedules as given."""
+        """``(alpha_k, beta_k, tau_k)``: floats scaled by the regime's decay, schedules as given;
+        ``tau=None`` is (k + 1)^(-1/2) ("constant") or k0 / (k0 + k) ("strongly-convex")."""
         kf = jnp.asarray(k, dtype=jnp.result_type(float))
         decay = 1.0 if self.regime == "constant" else self.k0 / (kf + self.k0)
 
         def rate(value):
             return value(kf) if callable(value) else value * decay
 
-        beta = rate(self.lr_inner)
-        tau = beta if self.tau is None else rate(self.tau)
-        return rate(self.lr_outer), beta, jnp.minimum(tau, 1.0)
+        if self.tau is None:  # the theorems' order of tau, from tau_0 = 1 (class docstring)
+            tau = (kf + 1.0) ** -0.5 if self.regime == "constant" else decay
+        else:
+            tau = rate(self.tau)
+        return rate(self.lr_outer), rate(self.lr_inner), jnp.minimum(tau, 1.0)
+
+    def eigenvalue_floor(self, h_yy: jax.Array, previous: jax.Array) -> jax.Array:
+        """The floor of Punder (9b) at this step: the fixed ``mu_g``, or under ``"auto"`` half
+        the smallest eigenvalue of the sampled Hessian ``h_yy`` (symmetrised), ``previous`` when
+        that sample is not positive definite (lambda_min <= 1e-10 lambda_max)."""
+        if self.mu_g != "auto":
+            return jnp.full_like(previous, self.mu_g)
+        eig = jnp.linalg.eigvalsh(0.5 * (h_yy + h_yy.T))
+        positive = eig[0] > 1e-10 * jnp.maximum(jnp.abs(eig[-1]), 1e-30)
+        return jnp.where(positive, self.auto_mu_g_factor * eig[0], previous).astype(previous.dtype)
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> STABLEState:
         self._check_resolved()
@@ -263,6 +322,7 @@ class STABLE(Solver):
         flat_y, _ = ravel_pytree(problem.y0)
         dtype = jnp.result_type(flat_x.dtype, flat_y.dtype)
         dim_x, dim_y = flat_x.size, flat_y.size
+        mu_g = self.mu_g_init if self.mu_g == "auto" else self.mu_g
         return STABLEState(
             x=problem.x0,
             y=problem.y0,
@@ -270,7 +330,8 @@ class STABLE(Solver):
             y_prev=problem.y0,
             # never used: tau_0 = 1 makes H^0 = P(h^0(phi^0)); kept feasible all the same
             H_xy=jnp.zeros((dim_x, dim_y), dtype),
-            H_yy=self.mu_g * jnp.eye(dim_y, dtype=dtype),
+            H_yy=mu_g * jnp.eye(dim_y, dtype=dtype),
+            mu_g=jnp.asarray(mu_g, dtype),
             k=jnp.zeros((), jnp.int32),
             key=key,
             counts=Counts.zeros(),
@@ -299,7 +360,8 @@ class STABLE(Solver):
         # (9b): inner Hessian estimate, floored at mu_g; its eigendecomposition serves both solves
         h_yy_prev = oracles.hessian_yy(g, x_prev, y_prev, phi)
         h_yy = oracles.hessian_yy(g, x, y, phi)
-        H_yy, lam, Q = floor_eigenvalues((1 - tau) * (state.H_yy - h_yy_prev) + h_yy, self.mu_g)
+        mu_g = self.eigenvalue_floor(h_yy, state.mu_g)
+        H_yy, lam, Q = floor_eigenvalues((1 - tau) * (state.H_yy - h_yy_prev) + h_yy, mu_g)
 
         def solve_yy(v):  # (H_yy^k)^{-1} v
             return Q @ ((Q.T @ v) / lam)
@@ -329,6 +391,7 @@ class STABLE(Solver):
             y_prev=y,
             H_xy=H_xy,
             H_yy=H_yy,
+            mu_g=mu_g,
             k=state.k + 1,
             key=key,
             counts=counts,
