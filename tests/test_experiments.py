@@ -16,6 +16,24 @@ from bilevel.cli import app
 
 NAMES = experiments.names()
 
+#: what each quick mode's claims.md must say on a machine without MNIST, Fashion-MNIST and 20
+#: Newsgroups: the stand-in it used and the sizes it cut to fit it (E1 and E2 use synthetic data;
+#: stable-hpo's quick mode runs its australian panel only)
+STAND_INS = {
+    "pzobo-hyperrep-linear": (),
+    "pzobo-hyperrep-2layer": (),
+    "stable-hpo": ("SUBSTITUTE for australian: scikit-learn breast_cancer",),
+    "pzobo-deep-hyperrep": ("SUBSTITUTE: scikit-learn digits",),
+    "f2sa-hypercleaning": (
+        "SUBSTITUTE: scikit-learn digits",
+        "Sizes cut to fit the data (1257 training and 540 test images): n_train 2000 -> 1057",
+    ),
+    "pzobo-l2-hpo": (
+        "SUBSTITUTE: scikit-learn digits (1257 training images, 64 pixel features",
+        "Splits cut to fit: 419 train / 419 validation / 419 test",
+    ),
+}
+
 
 def test_list_names_every_experiment():
     out = CliRunner().invoke(app, ["reproduce", "--list"])
@@ -31,10 +49,17 @@ def test_list_names_every_experiment():
         assert name in out.output and name in NAMES
 
 
+def test_every_experiment_has_its_stand_in_listed():
+    assert sorted(STAND_INS) == sorted(NAMES)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
-    # no user data: every experiment must fall back to its stand-in and say so
+    # no user data and, whatever this machine has installed (Fashion-MNIST, scikit-learn's
+    # 20 Newsgroups cache), none of it: every experiment must fall back to its smallest
+    # stand-in, fit its sizes to it, and say which one it used
     monkeypatch.setenv("BILEVEL_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")
     # each experiment's own seed count, capped at 2 (stable-hpo and f2sa-hypercleaning run 2
     # seeds: mean +- std bands; the one-seed PZOBO experiments compile half as much, which
     # keeps the six quick modes under CI's 5-minute budget)
@@ -47,7 +72,11 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
     claims = (root / "claims.md").read_text()
     if name == "stable-hpo":  # a missing real dataset: how to get it, and the stand-in used
         assert "australian not found" in out.output and "BILEVEL_DATA" in out.output
-        assert "SUBSTITUTE for australian: scikit-learn breast_cancer" in claims
+    for text in STAND_INS[name]:
+        assert text in claims
+    if not STAND_INS[name]:
+        assert "SUBSTITUTE" not in claims
+    assert "SUBSTITUTE: Fashion-MNIST" not in claims and "SUBSTITUTE: MNIST" not in claims
     assert "QUICK RUN" in claims and "| claim | paper | measured | verdict |" in claims
     assert list(root.glob("*.png")), "no figure written"
     if name == "pzobo-hyperrep-2layer":  # panel (e) and the N-sweep (f) beside the main one
@@ -60,6 +89,73 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
         assert len(frame) >= 2 and np.isfinite(numeric.to_numpy()).all(), path.name
     summary = json.loads((root / "summary.json").read_text())
     assert summary["quick"] is True
+
+
+@pytest.mark.parametrize(
+    ("where", "ignore", "expected"),
+    [
+        ("system", "0", "Fashion-MNIST"),  # installed: used
+        ("system", "1", "scikit-learn digits"),  # installed but ignored
+        ("BILEVEL_DATA", "1", "Fashion-MNIST"),  # the user's own copy: always used
+    ],
+)
+def test_image_experiments_take_fashion_mnist_when_present(
+    where, ignore, expected, tmp_path, monkeypatch
+):
+    """The quick-mode test hides installed data; this cheap one checks the other situation:
+    with Fashion-MNIST's files present (small fakes) the image experiments load and name it,
+    unless BILEVEL_IGNORE_SYSTEM_DATA hides a system-wide copy."""
+    from test_data_idx import make_split
+
+    from bilevel.data import idx as idx_module
+    from bilevel.experiments.datasets import mnist_or_substitute
+    from bilevel.experiments.pzobo_experiments import e5_data
+    from bilevel.experiments.stable_hpo import load_panel
+
+    fashion = tmp_path / "fashion-mnist"
+    fashion.mkdir()
+    make_split(fashion, "train", 60, seed=0, gz=True)
+    make_split(fashion, "t10k", 20, seed=1, gz=True)
+    system = fashion if where == "system" else tmp_path / "no-system-copy"
+    monkeypatch.setattr(idx_module, "FASHION_MNIST_SYSTEM_DIR", system)
+    # $BILEVEL_DATA/fashion-mnist is the fake set in the BILEVEL_DATA case, absent otherwise
+    monkeypatch.setenv("BILEVEL_DATA", str(tmp_path if where == "BILEVEL_DATA" else system))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", ignore)
+    monkeypatch.setenv("SCIKIT_LEARN_DATA", str(tmp_path / "no-20-newsgroups"))
+
+    def quiet(message: str) -> None:  # the loaders' "not found, using ..." messages
+        pass
+
+    loaded = mnist_or_substitute(quiet)
+    assert loaded.name == expected and loaded.note.startswith(f"SUBSTITUTE: {expected}")
+    assert len(loaded.train_labels) == (60 if expected == "Fashion-MNIST" else 1257)
+    _, _, _, note = e5_data(True, quiet)
+    features = 784 if expected == "Fashion-MNIST" else 64
+    assert note.startswith(f"SUBSTITUTE: {expected} (") and f"{features} pixel features" in note
+    covtype = load_panel("covtype", quiet)[2]
+    if expected == "Fashion-MNIST":
+        assert "Fashion-MNIST 7x7 (49 features), classes {0,2,4,6} vs rest (60 samples)" in covtype
+    else:
+        assert "scikit-learn digits, even vs odd" in covtype and "IGNORE_SYSTEM_DATA" in covtype
+
+
+def test_full_mode_sizes_fit_the_digits_stand_in(monkeypatch, tmp_path):
+    """Full modes on the smallest stand-in (1257 + 540 digits) must not ask for more samples
+    than there are, nor batches larger than a split; on Fashion-MNIST's 60000 + 10000 images
+    the paper's sizes stay as they are."""
+    from bilevel.experiments import f2sa_hypercleaning as hc
+    from bilevel.experiments.pzobo_experiments import e3_problem, e5_problem
+
+    assert hc.fit_sizes(hc.FULL, 60000, 10000) == (hc.FULL, None)
+    cfg, note = hc.fit_sizes(hc.FULL, 1257, 540)
+    assert (cfg["n_train"], cfg["n_val"], cfg["n_test"]) == (838, 419, 540)
+    assert cfg["batches"] == (50, 419) and "batches (50, 500) -> (50, 419)" in note
+    monkeypatch.setenv("BILEVEL_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")
+    problem, note, n = e5_problem(False, lambda message: None)
+    assert n == 419 and problem.n_inner == 419 and "requested 10000 each" in note
+    _, _, n_in, n_out = e3_problem(False, lambda message: None)
+    assert (n_in, n_out) == (540, 1257)
 
 
 def test_unknown_experiment_is_a_clear_error(tmp_path):

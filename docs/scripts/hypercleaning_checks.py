@@ -15,7 +15,7 @@ import numpy as np
 
 import bilevel as bl
 from bilevel.experiments.datasets import mnist_or_substitute
-from bilevel.experiments.f2sa_hypercleaning import FULL, build
+from bilevel.experiments.f2sa_hypercleaning import FULL, build, fit_sizes
 from bilevel.problems.hyper_cleaning import retrain, train_without_bilevel
 
 KEYS = ("val_loss", "test_acc", "weight_corrupted", "weight_clean")
@@ -30,8 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
     args = parser.parse_args()
-    (images, labels, images_t, labels_t), note = mnist_or_substitute(print)
-    problem = build(0.3, FULL, images, labels, images_t, labels_t)
+    loaded = mnist_or_substitute(print)
+    images, labels, images_t, labels_t = loaded.arrays()
+    cfg, _ = fit_sizes(FULL, len(labels), len(labels_t))
+    problem = build(0.3, cfg, images, labels, images_t, labels_t)
     show("no BO", problem, problem.x0, train_without_bilevel(problem, steps=2000))
     # (lr_outer, lr_inner): each variant's best on the full run's grid
     variants = {

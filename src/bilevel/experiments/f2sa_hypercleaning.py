@@ -51,15 +51,43 @@ METHOD_OPTIONS = {"f2sa": {"shared_x_sample": True}, "stocbio": {}}
 QUICK_GRID = {"lr_outer": [100.0], "lr_inner": [0.05]}
 
 
+def fit_sizes(cfg: dict, n_images: int, n_test_images: int) -> tuple[dict, str | None]:
+    """``cfg`` with split and batch sizes that fit the images actually loaded, and a note.
+
+    The paper's 19000 + 1000 training / validation images and 10000 test images come from
+    MNIST's 60000 / 10000; a stand-in can be far smaller (scikit-learn digits: 1257 / 540).
+    Validation keeps its size up to a third of the images, training takes at most the rest,
+    and no batch exceeds either split (the solvers refuse a batch larger than the data). The
+    note, ``None`` when nothing was cut, says what was cut so the outputs show it.
+    """
+    n_val = min(cfg["n_val"], n_images // 3)
+    n_train = min(cfg["n_train"], n_images - n_val)
+    n_test = min(cfg["n_test"], n_test_images)
+    batches = tuple(min(b, n_train, n_val) for b in cfg["batches"])
+    if len(set(batches)) < len(batches) or n_test < 1:
+        raise ValueError(
+            f"f2sa-hypercleaning needs distinct batch sizes {cfg['batches']} and a test set; "
+            f"{n_images} training and {n_test_images} test images are too few."
+        )
+    fitted = dict(cfg, n_train=n_train, n_val=n_val, n_test=n_test, batches=batches)
+    cut = [k for k in ("n_train", "n_val", "n_test", "batches") if fitted[k] != cfg[k]]
+    if not cut:
+        return fitted, None
+    return fitted, (
+        f"Sizes cut to fit the data ({n_images} training and {n_test_images} test images): "
+        + ", ".join(f"{k} {cfg[k]} -> {fitted[k]}" for k in cut)
+        + "."
+    )
+
+
 def build(p: float, cfg: dict, images, labels, images_t, labels_t, seed: int = 0):
+    """The hyper-cleaning problem on ``cfg``'s sizes (see :func:`fit_sizes`), labels noised."""
     rng = np.random.default_rng(seed)
-    n_tr, n_val = cfg["n_train"], cfg["n_val"]
-    n_tr = min(n_tr, len(labels) - n_val)
+    n_tr, n_val, n_test = cfg["n_train"], cfg["n_val"], cfg["n_test"]
     perm = rng.permutation(len(labels))[: n_tr + n_val]
     X = images[perm].reshape(len(perm), -1).astype(np.float64)
     mean, std = X[:n_tr].mean(), X[:n_tr].std()
     X = (X - mean) / std
-    n_test = min(cfg["n_test"], len(labels_t))
     X_test = (images_t[:n_test].reshape(n_test, -1) - mean) / std
     y_noisy, corrupted = data.corrupt_labels(labels[perm][:n_tr], p, 10, seed=seed)
     return hyper_cleaning(
@@ -83,10 +111,14 @@ def build(p: float, cfg: dict, images, labels, images_t, labels_t, seed: int = 0
 )
 def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t_start = time.perf_counter()
-    cfg = QUICK if quick else FULL
-    (images, labels, images_t, labels_t), data_note = mnist_or_substitute(log)
-    log(data_note)
-    histories, figures, claims, notes = {}, {}, [], [data_note]
+    loaded = mnist_or_substitute(log)
+    images, labels, images_t, labels_t = loaded.arrays()
+    cfg, size_note = fit_sizes(QUICK if quick else FULL, len(labels), len(labels_t))
+    log(loaded.note)
+    histories, figures, claims, notes = {}, {}, [], [loaded.note]
+    if size_note is not None:
+        log(size_note)
+        notes.append(size_note)
     grids = []
     finals = {}
     for p in cfg["corruption"]:
@@ -189,8 +221,11 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         metric="val_loss",
         figures=figures,
         setting={
+            "data": loaded.name,
             "n_train": cfg["n_train"],
             "n_val": cfg["n_val"],
+            "n_test": cfg["n_test"],
+            "batch sizes": cfg["batches"],
             "c": 0.01,
             "steps": cfg["steps"],
             "T (F2SA) / D (stocBiO) inner steps": cfg["inner_steps"],
