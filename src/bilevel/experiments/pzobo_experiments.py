@@ -701,7 +701,7 @@ def judge_e5(hists: dict, quick: bool) -> list[Claim]:
             "PZOBO converges faster than AID-FP, AID-CG and ITD-R",
             "qualitative (Fig. 5)",
             f"seconds to reach val loss <= {level:.4f} (1.1 x the best in this run): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in reach.items()),
+            + ", ".join(f"{k} {v:.3g}" for k, v in reach.items()),
             _verdict(quick, all(reach["PZOBO"] < reach[k] for k in others)),
         ),
     ]
