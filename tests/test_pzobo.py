@@ -358,8 +358,8 @@ def test_shared_minibatches_make_delta_exact_and_independent_ones_blow_up():
 
 def test_pzobo_s_is_pzobo_on_deterministic_problems(quad):
     """PZOBO-S changes only defaults: without data it runs the same Algorithm 1 (so PZOBO's
-    Done-means on the deterministic quadratic covers it), and "auto" differs: 1/L_g (Thm 1) vs
-    2/(L_g + mu_g) (Thm 2)."""
+    Done-means on the deterministic quadratic covers it), and "auto" differs: 1/L (Thm 1) vs
+    2/(L + mu_g) (Thm 2); here L = max(L_f, L_g) = max(1, 10)."""
     from bilevel.solvers.pzobo import PZOBO, PZOBOS
 
     for method in ("step", "coefficients", "hypergradient", "inner_path", "_coefficient"):
@@ -369,6 +369,30 @@ def test_pzobo_s_is_pzobo_on_deterministic_problems(quad):
     )
     assert bl.solvers.make("pzobo").resolve(quad).lr_inner == pytest.approx(0.1, rel=1e-9)
     assert bl.solvers.make("pzobo-s").resolve(quad).lr_inner == pytest.approx(2 / 11, rel=1e-9)
+
+
+def test_auto_inner_step_uses_the_larger_of_L_f_and_L_g(quad):
+    """Theorems 1-2 take L = max(L_f, L_g) (Assumptions A2-A3), not L_g alone. With the outer
+    loss scaled by 25, d2f/dy2 = 25 I, so L = L_f = 25 > L_g = 10: "auto" is 1/25 for PZOBO and
+    2/(25 + mu_g) = 2/26 for PZOBO-S (it was 1/10 and 2/11). A nonconvex f counts its most
+    negative curvature (the spectral norm). Lanczos is exact on these spectra (rel 1e-9)."""
+    from bilevel.diagnose import outer_smoothness
+
+    sharp = quad.replace(outer=lambda x, y, b: 25.0 * quad.outer(x, y, b))
+    assert bl.solvers.make("pzobo").resolve(sharp).lr_inner == pytest.approx(1 / 25, rel=1e-9)
+    assert bl.solvers.make("pzobo-s").resolve(sharp).lr_inner == pytest.approx(2 / 26, rel=1e-9)
+    assert bl.solvers.make("pzobo", lr_inner=0.3).resolve(sharp).lr_inner == 0.3  # given: kept
+    assert outer_smoothness(quad) == pytest.approx(1.0, rel=1e-9)
+    assert outer_smoothness(bl.problems.quadratic(stochastic=True)) == pytest.approx(1.0, rel=1e-9)
+    curv = jnp.asarray([-15.0, 3.0, 0.5])
+    saddle = bl.BilevelProblem(
+        outer=lambda x, y, b: 0.5 * jnp.sum(curv * y**2),
+        inner=lambda x, y, b: 0.5 * jnp.sum(y**2) - x @ y,
+        x0=jnp.zeros(3),
+        y0=jnp.ones(3),
+    )
+    assert outer_smoothness(saddle) == pytest.approx(15.0, rel=1e-9)
+    assert bl.solvers.make("pzobo").resolve(saddle).lr_inner == pytest.approx(1 / 15, rel=1e-9)
 
 
 # ---- memory ------------------------------------------------------------

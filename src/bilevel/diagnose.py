@@ -5,7 +5,9 @@ most tie their inner step to ``1/L_g``. ``diagnose`` estimates both at ``(x0, y0
 extreme eigenvalues of the Hessian ``d^2 g / dy^2`` by the Lanczos method on Hessian-vector
 products (Lanczos, 1950; with full reorthogonalisation, so it is exact once the Krylov space is
 the whole space). For stochastic problems the HVP is averaged over the full data (or over
-``num_batches`` minibatches of ``batch_size`` when the data is large).
+``num_batches`` minibatches of ``batch_size`` when the data is large). ``outer_smoothness``
+does the same for the outer ``d^2 f / dy^2`` (L_f, for rules such as PZOBO's
+``1 / max(L_f, L_g)``); ``diagnose`` does not compute it, so it stays one Lanczos run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from jax.flatten_util import ravel_pytree
 from . import oracles, sampling
 from .problem import BilevelProblem
 
-__all__ = ["Diagnosis", "diagnose", "NotStronglyConvexWarning"]
+__all__ = ["Diagnosis", "diagnose", "outer_smoothness", "NotStronglyConvexWarning"]
 
 
 class NotStronglyConvexWarning(UserWarning):
@@ -103,34 +105,69 @@ def diagnose(
     if cached is not None:
         _maybe_warn(problem, cached, warn)
         return cached
-    g, x, y = problem.inner, problem.x0, problem.y0
+    mu, L, k, dim = _hessian_yy_extremes(
+        problem.inner, problem, problem.inner_data, problem.n_inner, *settings
+    )
+    diag = Diagnosis(mu_g=mu, L_g=L, lanczos_steps=k, dim_y=dim)
+    _CACHE.setdefault(problem, {})[settings] = diag
+    _maybe_warn(problem, diag, warn)
+    return diag
+
+
+def outer_smoothness(
+    problem: BilevelProblem,
+    *,
+    steps: int = 60,
+    batch_size: int = 4096,
+    num_batches: int = 8,
+    seed: int = 0,
+) -> float:
+    """Estimate L_f, the smoothness of the outer ``f(x0, .)`` in y at ``y0``.
+
+    The spectral norm of ``d^2 f / dy^2`` at ``(x0, y0)``, ``max(|lambda_min|, |lambda_max|)``
+    (f may be nonconvex in y), by the same Lanczos machinery as :func:`diagnose` (same
+    arguments, outer data averaged as ``diagnose`` averages the inner data; cached per
+    problem). Like ``diagnose``'s L_g it is a local estimate restricted to y, so a lower bound
+    on a smoothness constant in ``(x, y)`` such as Assumption A3 of Sow, Ji, Liang (NeurIPS
+    2022).
+    """
+    settings = ("outer", steps, batch_size, num_batches, seed)
+    cached = _CACHE.get(problem, {}).get(settings)
+    if cached is None:
+        lo, hi, _, _ = _hessian_yy_extremes(
+            problem.outer, problem, problem.outer_data, problem.n_outer, *settings[1:]
+        )
+        cached = max(abs(lo), abs(hi))
+        _CACHE.setdefault(problem, {})[settings] = cached
+    return cached
+
+
+def _hessian_yy_extremes(fn, problem, data, n, steps, batch_size, num_batches, seed):
+    """``(lambda_min, lambda_max, lanczos steps, dim y)`` of ``d^2 fn / dy^2`` at (x0, y0):
+    Lanczos on HVPs averaged over ``data`` (over ``num_batches`` minibatches of ``batch_size``
+    when it holds more than ``batch_size`` samples)."""
+    x, y = problem.x0, problem.y0
     flat_y, unravel = ravel_pytree(y)
     dim = int(flat_y.size)
     key = jax.random.PRNGKey(seed)
-    n = problem.n_inner
     if n is not None and n > batch_size:
-        mb = sampling.minibatches(
-            key, None, problem.inner_data, batch_size, outer=0, inner=num_batches
-        )
+        mb = sampling.minibatches(key, None, data, batch_size, outer=0, inner=num_batches)
         batches = [mb.inner(i) for i in range(num_batches)]
     else:
-        batches = [problem.inner_data]
+        batches = [data]
 
     # x, y and the data are arguments, not closed-over constants: XLA would otherwise
     # constant-fold the whole model (minutes for a CNN).
     @jax.jit
     def hvp(v, x, y, batches):
         tangent = unravel(v.astype(flat_y.dtype))
-        total = sum(ravel_pytree(oracles.hvp_yy(g, x, y, b, tangent))[0] for b in batches)
+        total = sum(ravel_pytree(oracles.hvp_yy(fn, x, y, b, tangent))[0] for b in batches)
         return total / len(batches)
 
-    mu, L, k = _lanczos_extremes(
+    lo, hi, k = _lanczos_extremes(
         lambda v: hvp(jnp.asarray(v), x, y, batches), dim, min(steps, dim), key
     )
-    diag = Diagnosis(mu_g=mu, L_g=L, lanczos_steps=k, dim_y=dim)
-    _CACHE.setdefault(problem, {})[settings] = diag
-    _maybe_warn(problem, diag, warn)
-    return diag
+    return lo, hi, k, dim
 
 
 def _maybe_warn(problem: BilevelProblem, diag: Diagnosis, warn: bool) -> None:

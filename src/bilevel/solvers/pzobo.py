@@ -28,8 +28,9 @@ quadratic test problem, also with minibatches shared by both paths) this is *exa
 (Isserlis), divided by Q for Q directions: the p/Q term of Proposition 2.
 
 The library's two names differ only in their defaults: "pzobo" is Algorithm 1 (full batches,
-``lr_inner="auto"`` = 1/L_g as in Theorem 1), "pzobo-s" is Algorithm 2 (minibatches of 256 as in
-Appendix B.3, ``lr_inner="auto"`` = 2/(L_g + mu_g) as in Theorem 2). With minibatches both draw
+``lr_inner="auto"`` = 1/L as in Theorem 1), "pzobo-s" is Algorithm 2 (minibatches of 256 as in
+Appendix B.3, ``lr_inner="auto"`` = 2/(L + mu_g) as in Theorem 2), with the theorems'
+L = max(L_f, L_g) (:func:`auto_smoothness`). With minibatches both draw
 ONE inner minibatch per inner step and feed it to all Q + 1 paths (Algorithm 2's common random
 numbers: "all SGD runs follow the same batch sampling path"), and one outer minibatch D_F drawn
 independently of the inner ones. ``shared_batches=False`` gives every path its own draws, the
@@ -67,6 +68,7 @@ from jax.flatten_util import ravel_pytree
 
 from .. import oracles
 from .._tree import tree_axpy, tree_sub, tree_vdot
+from ..diagnose import diagnose, outer_smoothness
 from ..problem import BilevelProblem
 from ..schedules import as_schedule
 from .base import IterateState, Solver
@@ -78,6 +80,7 @@ __all__ = [
     "DIRECTIONS",
     "INNER_OPTIMIZERS",
     "sample_directions",
+    "auto_smoothness",
     "PathDifferenceState",
     "PathDifferenceSolver",
     "PZOBO",
@@ -119,6 +122,26 @@ def sample_directions(key: jax.Array, x: PyTree, num: int, mode: str) -> tuple[P
     if mode == "sphere_unscaled_per_tensor":
         u = jax.tree.map(_unit_rows, u)
     return u, scale
+
+
+def auto_smoothness(problem: BilevelProblem) -> float:
+    """L = max(L_f, L_g), the constant of Theorems 1-2's inner step (alpha <= 1/L and
+    alpha = 2/(L + mu_g)).
+
+    The paper's L_f and L_g are Lipschitz constants of grad f and grad g in w = (x, y)
+    (Assumptions A2-A3; spec pzobo.md section 1: "L := max{L_f, L_g}"). Both are estimated here
+    as the library estimates L_g for every "auto" rule, by Lanczos on the y-Hessians at
+    (x0, y0): ``bl.diagnose``'s L_g of g and :func:`bilevel.diagnose.outer_smoothness`'s L_f
+    of f (the spectral norm of d^2 f/dy^2). These are local, y-restricted estimates, so lower
+    bounds on the paper's constants. Raises ValueError if L is not positive.
+    """
+    L = max(diagnose(problem).L_g, outer_smoothness(problem))
+    if not L > 0:
+        raise ValueError(
+            f"lr_inner='auto' needs a positive smoothness constant; estimated L = max(L_f, L_g) "
+            f"= {L:.3g} at (x0, y0). Give lr_inner explicitly."
+        )
+    return float(L)
 
 
 def _unit_rows(leaf: jax.Array) -> jax.Array:
@@ -320,8 +343,8 @@ class PZOBO(PathDifferenceSolver):
     Args:
         lr_outer: beta, float or schedule (Theorem 1: beta = 1/(L_Phi sqrt K); the experiments
             use Adam, see ``outer_optimizer``). Default 0.01.
-        lr_inner: alpha, float or schedule; "auto" (default) is 1/L_g from ``bl.diagnose``
-            (Theorem 1: alpha <= 1/L).
+        lr_inner: alpha, float or schedule; "auto" (default) is 1/L with L = max(L_f, L_g)
+            (Theorem 1: alpha <= 1/L), both estimated at (x0, y0) (:func:`auto_smoothness`).
         batch_size: None (default, Algorithm 1's full gradients) or a minibatch size, then one
             inner minibatch per inner step shared by all paths (as Algorithm 2).
         inner_steps: N (default 20: Appendix B.2, linear hyper-representation).
@@ -353,6 +376,13 @@ class PZOBO(PathDifferenceSolver):
     paper: ClassVar[str] = "Sow, Ji, Liang, NeurIPS 2022"
     auto_inner_factor: ClassVar[float] = 1.0  # Theorem 1: alpha <= 1/L
 
+    def resolve(self, problem: BilevelProblem) -> PZOBO:
+        """``lr_inner="auto"`` = 1/L, L = max(L_f, L_g) (Theorem 1, :func:`auto_smoothness`)."""
+        if self.lr_inner != "auto":
+            return self
+        step = self.auto_inner_factor / auto_smoothness(problem)
+        return dataclasses.replace(self, lr_inner=float(step))
+
     def _unperturbed(self, problem, batch_f, x, y_n):
         # eq. (5)/(7): both partials at the unperturbed (x_k, y^N), y^N held fixed (P3)
         grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y_n, batch_f)
@@ -381,9 +411,10 @@ class PZOBOS(PZOBO):
         x_{k+1} = x_k - beta gradhat                                             (eq. 7)
 
     Same arguments as :class:`PZOBO`, with two defaults changed: ``batch_size=256`` (Appendix
-    B.3: "minibatch size B = 256") and ``lr_inner="auto"`` = 2/(L_g + mu_g) (Theorem 2:
-    alpha = 2/(L + mu_g); L_g and mu_g from ``bl.diagnose``; 1/L_g if g does not look strongly
-    convex). The inner and outer minibatches have the same size.
+    B.3: "minibatch size B = 256") and ``lr_inner="auto"`` = 2/(L + mu_g) (Theorem 2:
+    alpha = 2/(L + mu_g) with L = max(L_f, L_g), :func:`auto_smoothness`; mu_g from
+    ``bl.diagnose``; 1/L if g does not look strongly convex). The inner and outer minibatches
+    have the same size.
 
     References:
         Sow, Ji, Liang. "On the Convergence Theory for Hessian-Free Bilevel Algorithms."
@@ -397,15 +428,9 @@ class PZOBOS(PZOBO):
     name: ClassVar[str] = "pzobo-s"
 
     def resolve(self, problem: BilevelProblem) -> PZOBOS:
+        """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
         if self.lr_inner != "auto":
             return self
-        from ..diagnose import diagnose
-
-        d = diagnose(problem)
-        if not d.L_g > 0:
-            raise ValueError(
-                f"lr_inner='auto' needs a positive inner smoothness constant; estimated L_g = "
-                f"{d.L_g:.3g} at (x0, y0). Give lr_inner explicitly."
-            )
-        step = 2.0 / (d.L_g + d.mu_g) if d.strongly_convex else 1.0 / d.L_g
+        L, d = auto_smoothness(problem), diagnose(problem)
+        step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L
         return dataclasses.replace(self, lr_inner=float(step))
