@@ -37,7 +37,9 @@ def test_standardize_fits_on_train_only():
     assert tr.dtype == np.float32 and te.dtype == np.float32
     np.testing.assert_allclose(tr[:, :2].mean(axis=0), 0.0, atol=1e-5)
     np.testing.assert_allclose(tr[:, :2].std(axis=0), 1.0, rtol=1e-5)
-    assert np.all(tr[:, 2] == 0.0)  # std floored, no nan
+    assert np.all(tr[:, 2] == 0.0)  # constant on train: centred, no nan
+    # ... and only centred on held-out data: a floored std (1e-8) made these ~1e8
+    np.testing.assert_allclose(te[:, 2], test[:, 2] - 7.0, rtol=1e-6)
     mean, std = train.mean(axis=0, dtype=np.float64), train.std(axis=0, dtype=np.float64)
     np.testing.assert_allclose(te[:, :2], (test[:, :2] - mean[:2]) / std[:2], rtol=1e-5)
     (only,) = standardize(train)
