@@ -53,6 +53,10 @@ QUICK = dict(
     grid={"lr_outer": [0.1], "lr_inner": [0.1]},
     max_train=2000,
 )
+#: STABLE's STORM weight tau (eq. (9)) is tuned too: its default (k+1)^(-1/2), Theorem 2's
+#: 1/sqrt(K) for the run's horizon K, and two constants (the grid runs 1/sqrt(K) of the run it
+#: tunes, not of its own shorter horizon)
+TAU_GRID = {"full": [None, 0.5, 0.1, round(FULL["steps"] ** -0.5, 4)], "quick": [None]}
 METHODS = {  # each paper's schedule shape (regime presets of the solvers)
     "STABLE": ("stable", {"regime": "constant"}),
     "TTSA": ("ttsa", {"regime": "constant", "neumann_steps": 10}),
@@ -142,13 +146,16 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         methods = []
         for label, (solver, base) in METHODS.items():
             base = dict(base, batch_size=cfg["batch"])
+            grid = dict(cfg["grid"])
+            if solver == "stable":
+                grid["tau"] = TAU_GRID["quick" if quick else "full"]
             # scored on several random starts, like the runs it tunes: a step size tuned on
             # one start diverged on 1-4 of 50 random starts (full run, 2026-11-22)
             hyper, table = grid_search(
                 problem,
                 solver,
                 base,
-                cfg["grid"],
+                grid,
                 steps=cfg["grid_steps"],
                 metric="F",
                 seeds=cfg["grid_seeds"],
@@ -202,7 +209,9 @@ def _write(out_dir, cfg, quick, seeds, got: _Collected, done, panels, seconds):
     notes.append(
         f"Constants: best of {GRID_VALUES} for (lr_outer, lr_inner) by a "
         f"{cfg['grid_steps']}-step grid search (grid.csv) over {cfg['grid_seeds']} random "
-        "starts (a point where any start diverges is out), the same grid for all methods."
+        "starts (a point where any start diverges is out), the same grid for all methods; "
+        f"STABLE's tau also over {TAU_GRID['quick' if quick else 'full']} (None = its default "
+        "(k+1)^(-1/2); 1/sqrt(K) is Theorem 2's value for K = the run's steps)."
     )
     setting = dict(got.setting)
     setting.update(
