@@ -173,6 +173,15 @@ def test_bad_flags_are_one_line_errors_naming_the_flag(tmp_path, args, message):
     assert "solve(" not in out.output and "F2SA(" not in out.output
 
 
+def test_out_that_is_a_file_is_one_line(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    out = runner.invoke(app, ["run", "--steps", "5", "--out", str(path)])
+    assert out.exit_code == 2 and out.output == f"error: --out {path} is a file; give a " + (
+        "directory for the outputs.\n"
+    )
+
+
 def test_missing_dataset_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("BILEVEL_DATA", str(tmp_path / "empty"))
     monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")

@@ -131,6 +131,8 @@ def run(
         if value is not None and value < 1:
             _fail(f"{flag} must be a positive integer, got {value}.")
     every = eval_every if eval_every is not None else max(1, steps // 100)
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file; give a directory for the outputs.")
     with _bad_input_as_message(flags=True):
         import bilevel as bl
 
