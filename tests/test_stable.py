@@ -264,6 +264,19 @@ def test_auto_floor_keeps_the_previous_one_when_a_sample_is_singular():
             assert np.linalg.eigvalsh(np.asarray(state.H_yy))[0] >= expected * (1 - 1e-12)
 
 
+@pytest.mark.parametrize("mu_g", [0.5, "auto"])
+def test_one_eigendecomposition_per_step(mu_g):
+    """The step has exactly one ``eigh``, also under mu_g="auto", whose floor needs the
+    eigenvalues of h_yy as well: the two matrices are stacked into one batched call. Two
+    independent eigendecompositions in one program deadlocked jaxlib 0.10.2's CPU thread pool
+    under vmap (8 seeds of the stable-hpo problem on 2 cores hung in LAPACK, measured)."""
+    p = bl.problems.quadratic(dx=3, dy=6, stochastic=True, n_samples=64)
+    solver = bl.solvers.make("stable", lr_outer=0.1, lr_inner=0.1, batch_size=4, mu_g=mu_g)
+    solver = solver.resolve(p)
+    jaxpr = jax.make_jaxpr(solver.step)(p, solver.init(p, jax.random.PRNGKey(0)))
+    assert str(jaxpr).count(" eigh[") == 1
+
+
 def test_correction_keeps_y_on_y_star_with_a_tiny_inner_step(quad):
     """The single-timescale claim (Lemma 3, spec test 2) as a convergence test: started on
     y^0 = y*(x^0) with exact matrices, the correction -(H_yy)^{-1} H_xy' (x^{k+1} - x^k) of

@@ -133,13 +133,14 @@ class STABLE(Solver):
       only 2e-3-strongly convex, far below the start's floor, and some starts diverged
       (docs/reproduction.md, stable-hpo). So "auto" sets the floor of step k to half the
       smallest eigenvalue of the sampled Hessian h_yy^k = d^2 g(x^k, y^k; phi^k) that (9b)
-      evaluates anyway (one extra ``eigvalsh``, O(dim y^3)). lambda_min is concave, so
-      E lambda_min(h_yy(phi)) <= lambda_min(E h_yy(phi)): the sample errs low on average, the
-      safe side for a floor, and the factor 1/2 is a margin for the noise. A sample that is not
-      positive definite (lambda_min <= 1e-10 lambda_max, e.g. minibatches of a problem whose
-      per-sample Hessians are singular) keeps the previous floor; the floor before the first
-      step is ``mu_g_init``, by default half ``bl.diagnose``'s full-data estimate at (x0, y0).
-      A float ``mu_g`` is a fixed floor (the paper's reading).
+      evaluates anyway (its eigendecomposition, O(dim y^3), is batched with the one of (9b)).
+      lambda_min is concave, so E lambda_min(h_yy(phi)) <= lambda_min(E h_yy(phi)): the
+      sample errs low on average, the safe side for a floor, and the factor 1/2 is a margin
+      for the noise. A sample that is not positive definite (lambda_min <= 1e-10 lambda_max,
+      e.g. minibatches of a problem whose per-sample Hessians are singular) keeps the previous
+      floor; the floor before the first step is ``mu_g_init``, by default half
+      ``bl.diagnose``'s full-data estimate at (x0, y0). A float ``mu_g`` is a fixed floor (the
+      paper's reading).
     * ``max_cross_norm=None`` (no clip): C_gxy bounds E||d^2 g/dx dy(.; phi)||^2 (Assumption 3)
       and has no value in the paper, whose Remark says the projections are there for the
       analysis. Give a float to clip.
@@ -306,15 +307,27 @@ class STABLE(Solver):
             tau = rate(self.tau)
         return rate(self.lr_outer), rate(self.lr_inner), jnp.minimum(tau, 1.0)
 
-    def eigenvalue_floor(self, h_yy: jax.Array, previous: jax.Array) -> jax.Array:
-        """The floor of Punder (9b) at this step: the fixed ``mu_g``, or under ``"auto"`` half
-        the smallest eigenvalue of the sampled Hessian ``h_yy`` (symmetrised), ``previous`` when
-        that sample is not positive definite (lambda_min <= 1e-10 lambda_max)."""
+    def project_hessian(self, estimate: jax.Array, h_yy: jax.Array, previous: jax.Array):
+        """Punder (9b) of ``estimate`` at this step's floor: ``(H_yy, eigenvalues, eigenvectors,
+        floor)``, as :func:`floor_eigenvalues`.
+
+        The floor is the fixed ``mu_g``, or under ``"auto"`` half the smallest eigenvalue of the
+        sampled Hessian ``h_yy`` (symmetrised), ``previous`` when that sample is not positive
+        definite (lambda_min <= 1e-10 lambda_max). Both matrices go through ONE batched
+        ``eigh``: two independent eigendecompositions in one step deadlocked jaxlib 0.10.2's
+        CPU thread pool under ``vmap`` (8 seeds on 2 cores: each LAPACK call waited for pool
+        threads held by the other).
+        """
         if self.mu_g != "auto":
-            return jnp.full_like(previous, self.mu_g)
-        eig = jnp.linalg.eigvalsh(0.5 * (h_yy + h_yy.T))
-        positive = eig[0] > 1e-10 * jnp.maximum(jnp.abs(eig[-1]), 1e-30)
-        return jnp.where(positive, self.auto_mu_g_factor * eig[0], previous).astype(previous.dtype)
+            floor = jnp.full_like(previous, self.mu_g)
+            return (*floor_eigenvalues(estimate, floor), floor)
+        both = jnp.stack([estimate, h_yy])
+        lam2, q2 = jnp.linalg.eigh(0.5 * (both + jnp.swapaxes(both, -1, -2)))
+        low, high = lam2[1, 0], lam2[1, -1]  # eigh sorts ascending
+        positive = low > 1e-10 * jnp.maximum(jnp.abs(high), 1e-30)
+        floor = jnp.where(positive, self.auto_mu_g_factor * low, previous).astype(previous.dtype)
+        lam, q = jnp.maximum(lam2[0], floor), q2[0]
+        return (q * lam[None, :]) @ q.T, lam, q, floor
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> STABLEState:
         self._check_resolved()
@@ -360,8 +373,8 @@ class STABLE(Solver):
         # (9b): inner Hessian estimate, floored at mu_g; its eigendecomposition serves both solves
         h_yy_prev = oracles.hessian_yy(g, x_prev, y_prev, phi)
         h_yy = oracles.hessian_yy(g, x, y, phi)
-        mu_g = self.eigenvalue_floor(h_yy, state.mu_g)
-        H_yy, lam, Q = floor_eigenvalues((1 - tau) * (state.H_yy - h_yy_prev) + h_yy, mu_g)
+        estimate = (1 - tau) * (state.H_yy - h_yy_prev) + h_yy
+        H_yy, lam, Q, mu_g = self.project_hessian(estimate, h_yy, state.mu_g)
 
         def solve_yy(v):  # (H_yy^k)^{-1} v
             return Q @ ((Q.T @ v) / lam)
