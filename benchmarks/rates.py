@@ -5,7 +5,7 @@ measure at log-spaced iterations, and fit the log-log slope over the second half
 (iterations K/8 .. K). Rates in the papers are upper bounds (up to log factors): a quadratic may
 do better, so "measured <= theory" (more negative) is consistent with the theory.
 
-* STABLE (Chen, Sun, Yin, NeurIPS 2021): strongly convex regime (Theorem 3: E||x_k - x*||^2 =
+* STABLE (Chen, Sun, Xiao, Yin, AISTATS 2022): strongly convex regime (Theorem 3: E||x_k - x*||^2 =
   O(1/k), steps decaying as k0/(k0+k): the solver's ``regime="strongly-convex"``) and
   nonconvex regime (Theorem 2: constant steps c0/sqrt(K); the
   average of ||grad F(x_k)||^2 over the run is O(K^-1/2), measured across run lengths K).
