@@ -285,8 +285,9 @@ class Interrupted(KeyboardInterrupt):
         self.signal = signal
 
 
-class _StopRequested(Exception):
-    """Raised by the signal handler to leave a running chunk."""
+class _StopRequested(BaseException):
+    """Raised by the signal handler to leave a running chunk (a ``BaseException``, like
+    ``KeyboardInterrupt``, so that no ``except Exception`` on the way swallows it)."""
 
 
 class _StopSignals:
