@@ -200,11 +200,10 @@ def test_counter_totals_survive_int32_wraparound(quad_sto):
     )
     state = jax.jit(solver.init)(quad_sto, jax.random.PRNGKey(0))
     big = state.counts._replace(samples_inner=np.int32(2**31 - 10))
-    template, step_sizes = solver.split_step_sizes()
-    raw = bl.run._make_eval(template, False)
+    raw = bl.run._make_eval(False)
 
     def evaluate(problem, state):
-        return raw(problem, state, step_sizes)
+        return raw(solver, problem, state)
 
     _, c1, _ = evaluate(quad_sto, state._replace(counts=big))
     stepped = jax.jit(solver.step)(quad_sto, state._replace(counts=big))

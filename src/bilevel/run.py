@@ -3,7 +3,8 @@
 It runs ``eval_every`` solver steps inside one compiled ``lax.scan`` (a "chunk"), vmapped over
 seeds, then evaluates metrics outside the timed region, appends one history row per seed, updates
 the progress bar, checks for divergence and writes a checkpoint. Compiled chunks are cached, so
-a second ``solve`` with an equal solver and a problem of the same structure compiles nothing.
+a second ``solve`` with a solver and a problem of the same structure compiles nothing, also when
+the solver's numeric hyperparameters differ (they are arguments of the compiled programs).
 """
 
 from __future__ import annotations
@@ -99,33 +100,43 @@ def _aval_key(tree: PyTree):
     return treedef, tuple((np.shape(a), str(jnp.asarray(a).dtype)) for a in leaves)
 
 
+def _solver_key(solver: Solver):
+    """The solver's part of a compile-cache key: its treedef (class and static settings) and
+    the avals of its numeric leaves, weak typing included (a Python float and an np.float64
+    lower to different programs)."""
+    leaves, treedef = jax.tree.flatten(solver)
+    avals = []
+    for leaf in leaves:
+        a = jnp.asarray(leaf)
+        avals.append((a.shape, str(a.dtype), a.weak_type))
+    return treedef, tuple(avals)
+
+
 def _float_leaves_finite(state) -> jax.Array:
     floats = [leaf for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)]
     return tree_allfinite(floats)
 
 
 def _over_seeds(fn):
-    """``fn(problem, state, hyper)`` mapped over the leading seed axis of ``state``.
+    """``fn(solver, problem, state)`` mapped over the leading seed axis of ``state``.
 
     A single seed runs unbatched and gets its axis back: a vmap of size 1 is not free on
     XLA:CPU (measured 2026-11-22: 1.55x slower per step of E3's LeNet problem, whose
     window-matrix-product convolutions become batched dots). The seed count is static.
     """
-    mapped = jax.vmap(fn, in_axes=(None, 0, None))
+    mapped = jax.vmap(fn, in_axes=(None, None, 0))
 
-    def run(problem, state, hyper):
+    def run(solver, problem, state):
         if jax.tree.leaves(state)[0].shape[0] != 1:
-            return mapped(problem, state, hyper)
-        out = fn(problem, jax.tree.map(lambda a: a[0], state), hyper)
+            return mapped(solver, problem, state)
+        out = fn(solver, problem, jax.tree.map(lambda a: a[0], state))
         return jax.tree.map(lambda a: a[None], out)
 
     return run
 
 
-def _make_chunk(template: Solver, length: int, batched: bool):
-    def one(problem, state, hyper):
-        solver = template.with_step_sizes(hyper)
-
+def _make_chunk(length: int, batched: bool):
+    def one(solver, problem, state):
         def body(s, _):
             return solver.step(problem, s), None
 
@@ -135,9 +146,9 @@ def _make_chunk(template: Solver, length: int, batched: bool):
     return _over_seeds(one) if batched else one
 
 
-def _make_eval(template: Solver, batched: bool):
-    def one(problem, state, hyper):
-        x, y = template.with_step_sizes(hyper).output(state)
+def _make_eval(batched: bool):
+    def one(solver, problem, state):
+        x, y = solver.output(state)
         metrics = default_metrics(problem, x, y)
         outer_state = getattr(state, "outer_state", None)
         if isinstance(outer_state, OuterState):  # the last hypergradient estimate's norm
@@ -146,6 +157,16 @@ def _make_eval(template: Solver, batched: bool):
         return metrics, state.counts, finite
 
     return _over_seeds(one) if batched else one
+
+
+def _make_init(batched: bool, init=None):
+    def start(solver, problem, key):
+        if init is not None:  # a random start per seed, drawn from its own key
+            x0, y0 = init(jax.random.fold_in(key, 0x5EED))
+            problem = problem.with_start(problem.project_x(x0), y0)
+        return solver.init(problem, key)
+
+    return _over_seeds(start) if batched else start
 
 
 def _compiled(
@@ -159,35 +180,30 @@ def _compiled(
 ):
     """The compiled ``kind`` program as a function of ``(problem, state)``.
 
-    Numeric step sizes are arguments of the program, not constants in it (see
-    ``Solver.split_step_sizes``), so solvers that differ only in them share one compilation.
+    The solver is an argument of the program (a pytree whose numeric hyperparameters are
+    leaves), so the cache is keyed on its structure and the avals of its leaves, not on their
+    values: solvers that differ only in numeric hyperparameters share one compilation.
     """
-    template, values = solver.split_step_sizes()
-    # weakly typed, like the Python floats they replace: they take the dtype of what they scale
-    hyper = {name: jnp.asarray(v) for name, v in values.items()}
-    key = (kind, template, length, batched, _aval_key(problem), _aval_key(state), init)
+    key = (
+        kind,
+        length,
+        batched,
+        _solver_key(solver),
+        _aval_key(problem),
+        _aval_key(state),
+        init,
+    )
     fn = _COMPILED.get(key)
     if fn is None:
         if kind == "chunk":
-            raw = _make_chunk(template, length, batched)
+            raw = _make_chunk(length, batched)
         elif kind == "eval":
-            raw = _make_eval(template, batched)
+            raw = _make_eval(batched)
         else:  # "init": ``state`` holds the PRNG keys
-
-            def start(problem, key, hyper):
-                if init is not None:  # a random start per seed, drawn from its own key
-                    x0, y0 = init(jax.random.fold_in(key, 0x5EED))
-                    problem = problem.with_start(problem.project_x(x0), y0)
-                return template.with_step_sizes(hyper).init(problem, key)
-
-            raw = _over_seeds(start) if batched else start
-        fn = jax.jit(raw).lower(problem, state, hyper).compile()
+            raw = _make_init(batched, init)
+        fn = jax.jit(raw).lower(solver, problem, state).compile()
         _COMPILED[key] = fn
-    return functools.partial(_call_with, fn, hyper)
-
-
-def _call_with(fn, hyper, problem, state):
-    return fn(problem, state, hyper)
+    return functools.partial(fn, solver)
 
 
 def _init_states(

@@ -1,4 +1,4 @@
-"""The solver contract: a frozen dataclass of hyperparameters with pure ``init`` and ``step``.
+"""The solver contract: a frozen dataclass and pytree of hyperparameters, pure init and step.
 
 ADDING A SOLVER: read ``docs/adding_a_solver.md`` first (the patterns every solver follows:
 minibatches declared once per step, exact call counts, shared pieces in ``solvers/common.py``,
@@ -9,22 +9,26 @@ vmap-able; the state is a typed ``NamedTuple`` that carries at least ``x``, ``y`
 iteration count), ``key`` (the PRNG key, split inside ``step``) and ``counts``
 (:class:`bilevel.oracles.Counts`). The driver (:func:`bilevel.solve`) owns the loop.
 
-Hyperparameters are static (Python numbers, strings or schedule functions), so the dataclass is
-hashable and a second ``solve`` with an equal solver reuses the compiled program. The numeric
-step sizes ``lr_outer`` / ``lr_inner`` are the exception: ``solve`` passes them into the compiled
-program as arguments (``Solver.split_step_sizes``), so solvers that differ only in them (a grid
-search) share one compilation; ``step`` must therefore only do arithmetic with them.
+A solver is a pytree (every subclass is registered by ``Solver.__init_subclass__``): its numeric
+hyperparameters (floats: step sizes, penalty constants, momentum, smoothing, ...) are array
+leaves, and what sets shapes or code paths (ints such as ``batch_size`` or ``inner_steps``,
+strings, bools, ``None``, schedules, ``"auto"``) is static aux data. So the solver goes through
+``jax.jit``/``vmap`` as an argument: solvers that differ only in numeric hyperparameters share one
+compiled program (a grid of step sizes compiles once, or is one ``vmap``), and ``init``/``step``
+must only do traced arithmetic with those fields (Python ``if``s, ``float(...)`` or ``math`` on
+them belong in :meth:`Solver.validate`, which sees the concrete values at construction).
 """
 
 from __future__ import annotations
 
 import abc
-import copy
 import dataclasses
+import functools
 from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from .. import sampling
@@ -69,7 +73,11 @@ class Solver(abc.ABC):
     """Base class of every solver (see module docstring).
 
     Subclasses are frozen dataclasses with fields ``lr_outer``, ``lr_inner``, ``batch_size``
-    (``None`` = full data) and, when they have an inner loop, ``inner_steps``.
+    (``None`` = full data) and, when they have an inner loop, ``inner_steps``. Each subclass is
+    a pytree (floats are leaves; see the module docstring); a float that sets a code path is
+    declared ``dataclasses.field(default=..., metadata={"static": True})``. ``init`` and
+    ``step`` refuse a solver that is not resolved (:meth:`check_resolved`): that guard is
+    added here to every subclass's methods.
     """
 
     #: how the x-direction becomes a step: "sgd" (x - lr d, the papers' update), "momentum"
@@ -85,8 +93,28 @@ class Solver(abc.ABC):
     #: ``lr_inner="auto"`` means ``auto_inner_factor / L_g`` (the paper's inner-step rule)
     auto_inner_factor: ClassVar[float] = 1.0
 
+    #: fields whose "auto" the method itself settles inside ``step`` (from the problem's
+    #: structure, e.g. F2SA's ``regime``), so ``resolve`` need not fill them in
+    auto_in_step: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        """Register every solver class as a pytree and guard its ``init``/``step`` (once, here,
+        so that no solver has to remember either)."""
+        super().__init_subclass__(**kwargs)
+        for method in ("init", "step"):
+            fn = cls.__dict__.get(method)
+            if fn is not None and not getattr(fn, "_checks_resolved", False):
+                setattr(cls, method, _requires_resolved(fn))
+        _register_pytree(cls)
+
     # ---- validation ----------------------------------------------------------------------
     def __post_init__(self):
+        probe = _concrete_view(self)
+        if probe is not None:  # None: traced or batched values, checked when first built
+            probe._check_fields()
+
+    def _check_fields(self) -> None:
+        """The checks of every solver's common fields, then the subclass's :meth:`validate`."""
         for fld in dataclasses.fields(self):
             value = getattr(self, fld.name)
             if fld.name == "lr_inner" and isinstance(value, str) and value != "auto":
@@ -116,13 +144,32 @@ class Solver(abc.ABC):
             )
         self.validate()
 
+    def unresolved(self) -> list[str]:
+        """Fields still ``"auto"`` that :meth:`resolve` must fill in before ``init``/``step``."""
+        return [
+            fld.name
+            for fld in dataclasses.fields(self)
+            if fld.name not in self.auto_in_step and _is_auto(getattr(self, fld.name))
+        ]
+
+    def check_resolved(self) -> None:
+        """Raise a clear ValueError if a data-dependent setting is still ``"auto"``."""
+        missing = self.unresolved()
+        if missing:
+            given = ", ".join(f"{name}={getattr(self, name)!r}" for name in missing)
+            raise ValueError(
+                f"{type(self).__name__}({given}) is not resolved: call "
+                f"solver = solver.resolve(problem) before init/step (bl.solve does it), or give "
+                f"{' and '.join(missing)} as a number."
+            )
+
     def resolve(self, problem: BilevelProblem) -> Solver:
         """This solver with data-dependent settings filled in (``lr_inner="auto"``).
 
         ``"auto"`` becomes ``auto_inner_factor / L_g`` with L_g estimated by
         :func:`bilevel.diagnose` at ``(x0, y0)``. ``solve`` calls this before compiling.
         """
-        if getattr(self, "lr_inner", None) == "auto":
+        if _is_auto(getattr(self, "lr_inner", None)):
             from ..diagnose import auto_inner_step
 
             step = auto_inner_step(problem, self.auto_inner_factor)
@@ -166,35 +213,6 @@ class Solver(abc.ABC):
             if fld.name == name and fld.default is not dataclasses.MISSING:
                 return fld.default
         return None
-
-    # ---- step sizes as traced arguments ------------------------------------------------------
-    #: fields lifted out of the compiled program when they are plain numbers (see below)
-    traced_fields: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner")
-
-    def split_step_sizes(self) -> tuple[Solver, dict[str, float]]:
-        """``(template, values)``: this solver with its numeric step sizes lifted out.
-
-        ``solve`` compiles ``template`` once and feeds ``values`` in as traced scalars, so a
-        grid over ``lr_outer``/``lr_inner`` (or a second solve with other step sizes) reuses one
-        compilation. The template holds the placeholder 1.0 and is only ever used, after
-        :meth:`with_step_sizes`, inside the traced program. Schedules (callables) and strings
-        stay static.
-        """
-        values = {
-            name: float(getattr(self, name))
-            for name in self.traced_fields
-            if isinstance(getattr(self, name, None), int | float)
-            and not isinstance(getattr(self, name), bool)
-        }
-        return self.with_step_sizes(dict.fromkeys(values, 1.0)), values
-
-    def with_step_sizes(self, values: dict[str, Any]) -> Solver:
-        """A copy with the fields of ``values`` set (possibly to tracers), without validation:
-        the values were validated when this solver was built."""
-        out = copy.copy(self)
-        for name, value in values.items():
-            object.__setattr__(out, name, value)
-        return out
 
     # ---- the contract ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -254,3 +272,120 @@ class Solver(abc.ABC):
             outer=outer,
             inner=inner,
         )
+
+
+# ---- pytree registration -------------------------------------------------------------------------
+class _Leaf:
+    """The mark of a leaf field in a solver's treedef (the value travels as a child)."""
+
+    def __repr__(self) -> str:
+        return "<leaf>"
+
+
+_LEAF = _Leaf()
+
+
+def _numeric_field(fld: dataclasses.Field) -> bool:
+    """Whether an int given to ``fld`` stands for a float: a step size (``lr_*``) or a field
+    annotated ``float``. Such ints travel as float leaves, so ``lr_outer=1`` and ``lr_outer=0.5``
+    share one compiled program; ints elsewhere (``batch_size``, ``inner_steps``) are static."""
+    return fld.name.startswith("lr_") or "float" in str(fld.type)
+
+
+def _is_leaf(fld: dataclasses.Field, value) -> bool:
+    """The flatten rule: floats, arrays (tracers included) and tuples of floats are leaves,
+    unless the field says ``metadata={"static": True}``; bools, ints, None, strings and
+    callables are static (they set shapes or code paths)."""
+    if fld.metadata.get("static", False) or isinstance(value, bool | np.bool_):
+        return False
+    if isinstance(value, float | np.floating | np.ndarray | jax.Array):
+        return True
+    if isinstance(value, int | np.integer):
+        return _numeric_field(fld)
+    return isinstance(value, tuple) and bool(value) and all(_is_float(v) for v in value)
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, float | np.floating) and not isinstance(value, bool)
+
+
+def _split(solver: Solver) -> tuple[list[tuple[str, Any]], tuple]:
+    """``(children, aux)``: the leaf fields ``(name, value)`` and the treedef's static data.
+
+    A solver rebuilt by JAX (unflattened, perhaps with tracers or placeholders such as ``None``
+    or ``object()`` as leaves) keeps the structure it was rebuilt with: re-deciding from those
+    values would change the treedef.
+    """
+    aux = solver.__dict__.get("_pytree_aux")
+    if aux is not None:
+        return [(name, getattr(solver, name)) for name, v in aux if v is _LEAF], aux
+    children, static = [], []
+    for fld in dataclasses.fields(solver):
+        value = getattr(solver, fld.name)
+        if _is_leaf(fld, value):
+            if isinstance(value, int | np.integer):
+                value = float(value)
+            children.append((fld.name, value))
+            static.append((fld.name, _LEAF))
+        else:
+            static.append((fld.name, value))
+    return children, tuple(static)
+
+
+def _register_pytree(cls: type) -> None:
+    """Register ``cls`` with JAX; unflattening bypasses ``__init__`` and its validation (the
+    rebuilt leaves may be tracers or placeholders, and were checked when the solver was built)."""
+
+    def flatten_with_keys(solver):
+        children, aux = _split(solver)
+        return [(jax.tree_util.GetAttrKey(n), v) for n, v in children], aux
+
+    def flatten(solver):
+        children, aux = _split(solver)
+        return [v for _, v in children], aux
+
+    def unflatten(aux, children):
+        solver = object.__new__(cls)
+        leaves = iter(children)
+        for name, value in aux:
+            object.__setattr__(solver, name, next(leaves) if value is _LEAF else value)
+        object.__setattr__(solver, "_pytree_aux", aux)
+        return solver
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
+def _concrete_view(solver: Solver) -> Solver | None:
+    """``solver`` with concrete scalar arrays as Python numbers, for the construction checks;
+    ``None`` when a field holds a tracer or a batch of values (a solver built inside ``jit`` or
+    ``vmap``, e.g. by ``dataclasses.replace``), which cannot be checked."""
+    values = {}
+    for fld in dataclasses.fields(solver):
+        value = getattr(solver, fld.name)
+        if isinstance(value, jax.core.Tracer):
+            return None
+        if isinstance(value, np.ndarray | np.generic | jax.Array):
+            if np.size(value) != 1:
+                return None
+            value = np.asarray(value).item()
+        values[fld.name] = value
+    probe = object.__new__(type(solver))
+    for name, value in values.items():
+        object.__setattr__(probe, name, value)
+    return probe
+
+
+def _is_auto(value) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def _requires_resolved(method):
+    """``method`` (a solver's ``init`` or ``step``) preceded by :meth:`Solver.check_resolved`."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        self.check_resolved()
+        return method(self, *args, **kwargs)
+
+    guarded._checks_resolved = True
+    return guarded

@@ -176,6 +176,7 @@ class F2SA(Solver):
 
     name: ClassVar[str] = "f2sa"
     lam_ratio: ClassVar[float] = 2.0  # lam_k = gamma_k / (2 alpha_k), eq. (6)
+    auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static
 
     def validate(self) -> None:
         if self.regime != "auto" and self.regime not in F2SA_REGIMES:

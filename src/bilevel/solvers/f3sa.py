@@ -155,6 +155,7 @@ class F3SA(Solver):
     name: ClassVar[str] = "f3sa"
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
+    auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static
 
     def validate(self) -> None:
         F2SA.validate(self)  # regime, lam_rule, lam0, k0, a >= c: the same options and names

@@ -71,7 +71,7 @@ from .._tree import tree_axpy, tree_sub, tree_vdot
 from ..diagnose import diagnose, outer_smoothness
 from ..problem import BilevelProblem
 from ..schedules import as_schedule
-from .base import IterateState, Solver
+from .base import IterateState, Solver, _is_auto
 from .registry import register
 
 PyTree = Any
@@ -378,7 +378,7 @@ class PZOBO(PathDifferenceSolver):
 
     def resolve(self, problem: BilevelProblem) -> PZOBO:
         """``lr_inner="auto"`` = 1/L, L = max(L_f, L_g) (Theorem 1, :func:`auto_smoothness`)."""
-        if self.lr_inner != "auto":
+        if not _is_auto(self.lr_inner):
             return self
         step = self.auto_inner_factor / auto_smoothness(problem)
         return dataclasses.replace(self, lr_inner=float(step))
@@ -429,7 +429,7 @@ class PZOBOS(PZOBO):
 
     def resolve(self, problem: BilevelProblem) -> PZOBOS:
         """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
-        if self.lr_inner != "auto":
+        if not _is_auto(self.lr_inner):
             return self
         L, d = auto_smoothness(problem), diagnose(problem)
         step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L

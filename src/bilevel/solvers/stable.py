@@ -26,7 +26,7 @@ from jax.flatten_util import ravel_pytree
 from .. import oracles
 from ..oracles import Counts
 from ..problem import BilevelProblem
-from .base import OuterState, Solver
+from .base import OuterState, Solver, _is_auto
 from .registry import register
 
 PyTree = Any
@@ -268,7 +268,7 @@ class STABLE(Solver):
 
     def resolve(self, problem: BilevelProblem) -> STABLE:
         solver = super().resolve(problem)
-        if solver.mu_g == "auto" and solver.mu_g_init is None:
+        if _is_auto(solver.mu_g) and solver.mu_g_init is None:
             from ..diagnose import diagnose
 
             d = diagnose(problem, warn=False)
@@ -281,16 +281,13 @@ class STABLE(Solver):
             solver = dataclasses.replace(solver, mu_g_init=self.auto_mu_g_factor * d.mu_g)
         return solver
 
-    def _check_resolved(self) -> None:
-        unresolved = {"lr_inner": self.lr_inner == "auto"}
-        unresolved["mu_g"] = self.mu_g == "auto" and self.mu_g_init is None
-        for name, missing in unresolved.items():
-            if missing:
-                raise ValueError(
-                    f"STABLE({name}='auto') is resolved from the problem by bl.solve; when "
-                    f"calling init/step directly use solver.resolve(problem) first or give "
-                    f"{name} as a number."
-                )
+    def unresolved(self) -> list[str]:
+        """``mu_g="auto"`` is a setting of the run (the floor follows it), not a placeholder:
+        only its starting floor ``mu_g_init`` must be filled in by :meth:`resolve`."""
+        names = super().unresolved()
+        if "mu_g" in names and self.mu_g_init is not None:
+            names.remove("mu_g")
+        return names
 
     def step_sizes(self, k) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``(alpha_k, beta_k, tau_k)``: floats scaled by the regime's decay, schedules as given;
@@ -318,7 +315,7 @@ class STABLE(Solver):
         CPU thread pool under ``vmap`` (8 seeds on 2 cores: each LAPACK call waited for pool
         threads held by the other).
         """
-        if self.mu_g != "auto":
+        if not _is_auto(self.mu_g):  # a fixed floor (possibly traced: a pytree leaf)
             floor = jnp.full_like(previous, self.mu_g)
             return (*floor_eigenvalues(estimate, floor), floor)
         both = jnp.stack([estimate, h_yy])
@@ -330,12 +327,11 @@ class STABLE(Solver):
         return (q * lam[None, :]) @ q.T, lam, q, floor
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> STABLEState:
-        self._check_resolved()
         flat_x, _ = ravel_pytree(problem.x0)
         flat_y, _ = ravel_pytree(problem.y0)
         dtype = jnp.result_type(flat_x.dtype, flat_y.dtype)
         dim_x, dim_y = flat_x.size, flat_y.size
-        mu_g = self.mu_g_init if self.mu_g == "auto" else self.mu_g
+        mu_g = self.mu_g_init if _is_auto(self.mu_g) else self.mu_g
         return STABLEState(
             x=problem.x0,
             y=problem.y0,
@@ -352,7 +348,6 @@ class STABLE(Solver):
         )
 
     def step(self, problem: BilevelProblem, state: STABLEState) -> STABLEState:
-        self._check_resolved()
         f, g = problem.outer, problem.inner
         x, y, x_prev, y_prev = state.x, state.y, state.x_prev, state.y_prev
         flat_x, _ = ravel_pytree(x)

@@ -95,11 +95,9 @@ class BSA(NeumannBaseline):
         self._validate_neumann()
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> BSAState:
-        self._check_resolved()
         return self.initial_state(problem, key)
 
     def step(self, problem: BilevelProblem, state: BSAState) -> BSAState:
-        self._check_resolved()
         f = problem.outer
         x, T, N = state.x, self.inner_steps, self.neumann_steps
         key, batch_key, p_key = jax.random.split(state.key, 3)

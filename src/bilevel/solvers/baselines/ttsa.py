@@ -22,7 +22,7 @@ from ... import oracles
 from ..._tree import tree_axpy
 from ...problem import BilevelProblem
 from ...sampling import batch_count
-from ..base import IterateState, Solver
+from ..base import IterateState, Solver, _is_auto
 from ..common import implicit_hypergradient, neumann_adjoint
 from ..registry import register
 
@@ -71,20 +71,11 @@ class NeumannBaseline(Solver):
 
     def resolve(self, problem: BilevelProblem):
         solver = super().resolve(problem)
-        if solver.neumann_lr == "auto":
+        if _is_auto(solver.neumann_lr):
             from ...diagnose import auto_inner_step
 
             solver = dataclasses.replace(solver, neumann_lr=auto_inner_step(problem, 1.0))
         return solver
-
-    def _check_resolved(self) -> None:
-        for name in ("neumann_lr", "lr_inner"):
-            if getattr(self, name) == "auto":
-                raise ValueError(
-                    f"{type(self).__name__}({name}='auto') is resolved from the problem by "
-                    f"bl.solve; when calling init/step directly use solver.resolve(problem) "
-                    f"first or give {name} as a number."
-                )
 
     def step_sizes(self, k) -> tuple[jax.Array, jax.Array]:
         """``(alpha_k, beta_k)``: floats decay by the regime's orders, schedules are as given."""
@@ -187,11 +178,9 @@ class TTSA(NeumannBaseline):
         self._validate_neumann()
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> TTSAState:
-        self._check_resolved()
         return self.initial_state(problem, key)
 
     def step(self, problem: BilevelProblem, state: TTSAState) -> TTSAState:
-        self._check_resolved()
         f, g = problem.outer, problem.inner
         x, y, N = state.x, state.y, self.neumann_steps
         key, batch_key, p_key = jax.random.split(state.key, 3)
