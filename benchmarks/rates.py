@@ -167,6 +167,15 @@ def nonconvex_stable(problem, args):
     return lengths, avgs, slope
 
 
+def _previous_rows(path: Path) -> dict[str, str]:
+    """The result rows of an earlier report, by case label (for ``--only``)."""
+    if not path.exists():
+        return {}
+    labels = {case.label for case in cases(32)}
+    rows = [line for line in path.read_text().splitlines() if line.startswith("| ")]
+    return {row.split(" | ")[0][2:]: row for row in rows if row.split(" | ")[0][2:] in labels}
+
+
 def write_report(args, rows, stable_nc) -> None:
     lines = [
         "# Measured convergence rates vs theory",
@@ -183,14 +192,17 @@ def write_report(args, rows, stable_nc) -> None:
         "| case | measure | measured slope | theory | consistent | points | status | seconds |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    table = _previous_rows(args.out) if args.only else {}  # --only keeps the other cases' rows
     for case, slope, points, status, secs in rows:
         measure = f"E {case.measure}^2"
         shown = "-" if slope is None else f"{slope:+.3f}"
         verdict = "-" if slope is None else ("yes" if slope <= case.theory + 0.05 else "NO")
-        lines.append(
+        table[case.label] = (
             f"| {case.label} | {measure} | {shown} | {case.theory_text} | {verdict} | "
             f"{points} | {status} | {secs:.0f} |"
         )
+    order = [case.label for case in cases(args.batch)]
+    lines += sorted(table.values(), key=lambda row: order.index(row.split(" | ")[0][2:]))
     if stable_nc is not None:
         lengths, avgs, slope = stable_nc
         lines += [
