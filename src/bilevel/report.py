@@ -66,13 +66,7 @@ def plot_history(
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 #: the exact metrics a closed-form problem reports, shown side by side by ``plot_run``
@@ -119,6 +113,13 @@ def plot_run(
             ax.set_xlim(0, float(stats[x].max()) * 1.05)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(fig, path, title)
+
+
+def _save(fig, path: str | Path, title: str) -> Path:
+    """Title, layout, write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
