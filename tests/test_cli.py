@@ -92,8 +92,16 @@ def _run_args(out, steps):
     ]
 
 
+# the command as a terminal starts it: SIGINT raises KeyboardInterrupt, whatever this test
+# process inherited (a shell's background job ignores SIGINT, and solve leaves that alone)
+_MAIN = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from bilevel.cli import main; main()"
+)
+
+
 def _bilevel(*args, **kwargs):
-    cmd = [sys.executable, "-c", "from bilevel.cli import main; main()", *args]
+    cmd = [sys.executable, "-c", _MAIN, *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 

@@ -23,6 +23,18 @@ def quad_sto():
     return bl.problems.quadratic(dx=4, dy=6, stochastic=True, n_samples=200)
 
 
+@pytest.fixture(autouse=True)
+def default_signal_handlers():
+    """Python's own dispositions, whatever the test process inherited (a job started in the
+    background by a shell has SIGINT ignored, and solve leaves an ignored signal alone)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 SOLVER = dict(lr_outer=0.02, lr_inner=0.1, batch_size=8, inner_steps=2)
 RUN = dict(steps=200, seeds=[0, 1], eval_every=20, progress=False)
 
@@ -87,8 +99,9 @@ def test_interrupt_keeps_history_checkpoint_and_resumes_bit_identical(
     # the checkpoint was forced (the interval was not due) and is at that evaluation
     with np.load(tmp_path / _CHECKPOINT_FILE, allow_pickle=False) as npz:
         assert json.loads(str(npz["meta"]))["step"] == expected_step
-    # handlers are restored: Python's default SIGINT handler is back
+    # handlers are restored: Python's default SIGINT handler is back, SIGTERM's default too
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     resumed = bl.solve(quad_sto, solver, **RUN, checkpoint=tmp_path)
     assert resumed.message.startswith("resumed; completed 200 steps")
     for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(straight.state), strict=True):
@@ -103,6 +116,16 @@ def test_interrupt_without_checkpoint_still_returns_the_partial_result(quad_sto,
         bl.solve(quad_sto, solver, **RUN)
     assert info.value.checkpoint is None and info.value.result.steps == 40
     assert np.asarray(info.value.result.x).shape == (2, 4)
+
+
+def test_an_ignored_signal_stays_ignored(quad_sto, monkeypatch):
+    """A process that ignores SIGINT (a shell's background job) is not made interruptible."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    solver = bl.solvers.make("f2sa", **SOLVER)
+    _signal_at(monkeypatch, "chunk", 40)
+    res = bl.solve(quad_sto, solver, **RUN)  # the signal is sent, and ignored
+    assert res.steps == 200 and res.message == "completed 200 steps"
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_resume_says_so(quad_sto, tmp_path, capsys):

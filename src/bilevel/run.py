@@ -314,7 +314,9 @@ class _StopSignals:
     behind). Inside :meth:`bookkeeping` (history rows, checkpoint writes) it only records the
     request, acted on after that block, so rows, counters and state always describe one step.
     A second signal aborts at once with a plain ``KeyboardInterrupt``. Handlers are installed
-    only in the main thread (Python allows no other) and restored on exit.
+    only in the main thread (Python allows no other), not for a signal the process ignores
+    (a shell starts background jobs with SIGINT ignored; Python itself leaves it so), and
+    restored on exit.
     """
 
     def __init__(self):
@@ -325,6 +327,8 @@ class _StopSignals:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue  # ignored on purpose (a shell's background job): leave it so
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
