@@ -284,3 +284,29 @@ def _frame(rows_per_point, diverged) -> pd.DataFrame:
     df = df.reset_index(drop=True)
     df.attrs["diverged"] = diverged
     return df
+
+
+def _metric_columns(df: pd.DataFrame, fields: Sequence[str]) -> list[str]:
+    """The metric columns of a sweep's frame (not the grid, seed, step, counters or time)."""
+    from .oracles import Counts
+
+    other = {*fields, "seed", "step", "samples", "oracle_calls", "seconds", *Counts._fields}
+    return [c for c in df.columns if c not in other]
+
+
+def final_means(df: pd.DataFrame, fields: Sequence[str]) -> pd.DataFrame:
+    """One row per grid point: the mean over seeds of every metric at the last step.
+
+    A point where some seed has no row at the last step (it diverged) scores ``+inf`` in every
+    metric: a setting that is unstable for one seed is not a setting to pick.
+    """
+    fields = list(fields)
+    last = df[df["step"] == df["step"].max()]
+    metrics = _metric_columns(df, fields)
+    n_seeds = df["seed"].nunique()
+    grouped = last.groupby(fields, sort=False)
+    means = grouped[metrics].mean()
+    complete = grouped["seed"].nunique() == n_seeds
+    means.loc[~complete, :] = np.inf
+    points = df[fields].drop_duplicates().set_index(fields).index
+    return means.reindex(points, fill_value=np.inf).reset_index()
