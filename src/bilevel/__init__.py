@@ -15,12 +15,14 @@ from . import metrics, oracles, problems, sets, solvers
 from .diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
 from .problem import BilevelProblem
 from .run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
+from .sweep import sweep
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BilevelProblem",
     "solve",
+    "sweep",
     "Result",
     "DivergenceWarning",
     "DivergenceError",

@@ -127,3 +127,41 @@ def _save(fig, path: str | Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_sweep(
+    final: pd.DataFrame, fields: list[str], metric: str, path: str | Path, title: str = ""
+) -> Path:
+    """The figure of ``bilevel sweep``: the final mean of ``metric`` over the grid.
+
+    Two fields: a heat map (log10 colour, diverged points blank); one field: a line plot on
+    log axes. ``final`` is :func:`bilevel.sweep.final_means`'s table.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if len(fields) not in (1, 2):
+        raise ValueError(f"plot_sweep draws 1- or 2-field grids, got fields={fields}.")
+    values = final[metric].to_numpy(float)
+    values = np.where(np.isfinite(values) & (values > 0), values, np.nan)
+    if len(fields) == 1:
+        fig, ax = plt.subplots(figsize=(5, 3.8))
+        ax.plot(final[fields[0]], values, marker="o")
+        numeric = all(isinstance(v, int | float | np.number) for v in final[fields[0]])
+        ax.set(yscale="log", xlabel=fields[0], ylabel=f"final mean {metric}")
+        ax.set_xscale("log" if numeric else "linear")
+        return _save(fig, path, title)
+    table = final.assign(_v=values).pivot(index=fields[0], columns=fields[1], values="_v")
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    image = ax.imshow(np.log10(table.to_numpy(float)), origin="lower", cmap="viridis")
+    ax.set_xticks(range(table.shape[1]), [_tick(v) for v in table.columns], rotation=45)
+    ax.set_yticks(range(table.shape[0]), [_tick(v) for v in table.index])
+    ax.set(xlabel=fields[1], ylabel=fields[0])
+    fig.colorbar(image, ax=ax, label=f"log10 final mean {metric} (blank: diverged)")
+    return _save(fig, path, title)
+
+
+def _tick(value) -> str:
+    return f"{value:g}" if isinstance(value, int | float | np.number) else str(value)

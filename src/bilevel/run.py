@@ -177,17 +177,21 @@ def _compiled(
     length: int,
     batched: bool,
     init=None,
+    over_grid: bool = False,
 ):
     """The compiled ``kind`` program as a function of ``(problem, state)``.
 
     The solver is an argument of the program (a pytree whose numeric hyperparameters are
     leaves), so the cache is keyed on its structure and the avals of its leaves, not on their
     values: solvers that differ only in numeric hyperparameters share one compilation.
+    ``over_grid`` (``bl.sweep``): the solver's leaves and the state carry a leading axis of
+    grid points, and the program is the same one vmapped over it.
     """
     key = (
         kind,
         length,
         batched,
+        over_grid,
         _solver_key(solver),
         _aval_key(problem),
         _aval_key(state),
@@ -201,17 +205,32 @@ def _compiled(
             raw = _make_eval(batched)
         else:  # "init": ``state`` holds the PRNG keys
             raw = _make_init(batched, init)
+        if over_grid:
+            raw = jax.vmap(raw, in_axes=(0, None, 0))
         fn = jax.jit(raw).lower(solver, problem, state).compile()
         _COMPILED[key] = fn
     return functools.partial(fn, solver)
 
 
 def _init_states(
-    solver: Solver, problem: BilevelProblem, seeds: list[int], batched: bool, init=None
+    solver: Solver,
+    problem: BilevelProblem,
+    seeds: list[int],
+    batched: bool,
+    init=None,
+    n_points: int | None = None,
 ):
+    """The states at step 0; with ``n_points`` (``bl.sweep``: a solver stacked over grid
+    points) every point starts from the same seeds' keys, so point i runs what ``solve``
+    with that point's solver would run."""
     keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
-    keys = jnp.asarray(keys if batched else keys[0])
-    return _compiled("init", solver, problem, keys, 0, batched, init)(problem, keys)
+    keys = keys if batched else keys[0]
+    if n_points is not None:
+        keys = np.broadcast_to(keys, (n_points, *keys.shape))
+    keys = jnp.asarray(keys)
+    over_grid = n_points is not None
+    program = _compiled("init", solver, problem, keys, 0, batched, init, over_grid)
+    return program(problem, keys)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
@@ -446,26 +465,27 @@ class _Checkpointer:
         self.last_save = time.monotonic()
 
 
-def _check_seeds(seed, seeds) -> list[int]:
+def _check_seeds(seed, seeds, caller: str = "solve") -> list[int]:
+    """The seeds as a list of ints; ``caller`` (``solve``, ``sweep``) names the function."""
     if seeds is None:
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-            raise TypeError(f"solve(seed=...) must be an int, got {seed!r}.")
+            raise TypeError(f"{caller}(seed=...) must be an int, got {seed!r}.")
         return [int(seed)]
     if isinstance(seeds, int | np.integer):
         raise TypeError(
-            f"solve(seeds={seeds!r}): seeds is a list of seeds, not a count; for {seeds} seeds "
-            f"use seeds=range({seeds})."
+            f"{caller}(seeds={seeds!r}): seeds is a list of seeds, not a count; for {seeds} "
+            f"seeds use seeds=range({seeds})."
         )
     try:
         seed_list = [operator.index(s) for s in seeds]
     except TypeError as err:
         raise TypeError(
-            f"solve(seeds=...) must be a sequence of ints such as range(5), got {seeds!r}."
+            f"{caller}(seeds=...) must be a sequence of ints such as range(5), got {seeds!r}."
         ) from err
     if not seed_list:
-        raise ValueError("solve(seeds=...) is empty; give at least one seed.")
+        raise ValueError(f"{caller}(seeds=...) is empty; give at least one seed.")
     if len(set(seed_list)) != len(seed_list):
-        raise ValueError(f"solve(seeds=...) has repeated seeds: {seed_list}.")
+        raise ValueError(f"{caller}(seeds=...) has repeated seeds: {seed_list}.")
     return seed_list
 
 
@@ -628,16 +648,23 @@ class _Run:
     done: int = 0
     seconds: float = 0.0
     diverged_at: dict = dataclasses.field(default_factory=dict)
+    over_grid: bool = False  # bl.sweep: a leading axis of grid points (history: _GridHistory)
+
+    def _program(self, kind: str, state, length: int = 0):
+        return _compiled(
+            kind, self.solver, self.problem, state, length, self.batched, over_grid=self.over_grid
+        )
 
     def evaluate(self, state, step: int):
-        evaluate = _compiled("eval", self.solver, self.problem, state, 0, self.batched)
+        evaluate = self._program("eval", state)
         metrics, counts, finite = jax.device_get(evaluate(self.problem, state))
         return self.history.record(metrics, counts, finite, step, self.seconds)
 
     def record_start(self, state) -> None:
         finite = self.evaluate(state, 0)
         if not np.all(finite):
-            bad = [s for s, ok in zip(self.history.seeds, finite, strict=True) if not ok]
+            flat = np.ravel(finite)
+            bad = [s for s, ok in zip(self.history.seeds, flat, strict=True) if not ok]
             raise ValueError(
                 f"the starting point is not finite for seeds {bad} (the initial state or "
                 "metrics contain NaN/inf); check x0, y0 and the data."
@@ -662,7 +689,7 @@ class _Run:
 
     def _chunk(self, state, stop: _StopSignals):
         length = min(self.every, self.steps - self.done)
-        chunk = _compiled("chunk", self.solver, self.problem, state, length, self.batched)
+        chunk = self._program("chunk", state, length)
         t0 = time.perf_counter()
         new_state = jax.block_until_ready(chunk(self.problem, state))
         elapsed = time.perf_counter() - t0
@@ -671,7 +698,7 @@ class _Run:
             self.done += length
             finite = self.evaluate(new_state, self.done)
             alive = self.history.alive
-            for i in np.flatnonzero(alive & ~finite):
+            for i in np.flatnonzero(alive & ~finite):  # flat over (point, seed) in a sweep
                 self.diverged_at[self.history.seeds[i]] = self.done
             alive &= finite
             state = _keep_good(new_state, state, alive, self.batched)
@@ -738,7 +765,10 @@ def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
 
 
 def _keep_good(new_state, old_state, alive: np.ndarray, batched: bool):
-    """Seeds that diverged keep their last finite state (so nothing computed is lost)."""
+    """Seeds that diverged keep their last finite state (so nothing computed is lost).
+
+    ``alive`` has the state's leading axes: (seed,) or, in a sweep, (point, seed).
+    """
     if alive.all():
         return new_state
     if not batched:
@@ -746,6 +776,6 @@ def _keep_good(new_state, old_state, alive: np.ndarray, batched: bool):
     mask = jnp.asarray(alive)
 
     def pick(n, o):
-        return jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+        return jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim)), n, o)
 
     return jax.tree.map(pick, new_state, old_state)
