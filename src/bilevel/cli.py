@@ -78,6 +78,17 @@ def _bad_input_as_message(flags: bool = False):
         raise typer.Exit(code=2) from err
 
 
+def _check_run_flags(steps: int, seeds: int, eval_every: int | None, out: Path) -> int:
+    """The flags ``run`` and ``sweep`` share, checked before anything is imported or built;
+    returns the evaluation interval (default: steps/100, so a figure has ~100 points)."""
+    for flag, value in (("--steps", steps), ("--seeds", seeds), ("--eval-every", eval_every)):
+        if value is not None and value < 1:
+            _fail(f"{flag} must be a positive integer, got {value}.")
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file; give a directory for the outputs.")
+    return eval_every if eval_every is not None else max(1, steps // 100)
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
@@ -128,12 +139,7 @@ def run(
     Ctrl-C (or SIGTERM) stops at the last evaluation, writes the outputs of the steps done and
     the checkpoint; the same command then resumes.
     """
-    for flag, value in (("--steps", steps), ("--seeds", seeds), ("--eval-every", eval_every)):
-        if value is not None and value < 1:
-            _fail(f"{flag} must be a positive integer, got {value}.")
-    every = eval_every if eval_every is not None else max(1, steps // 100)
-    if out.exists() and not out.is_dir():
-        _fail(f"--out {out} is a file; give a directory for the outputs.")
+    every = _check_run_flags(steps, seeds, eval_every, out)
     with _bad_input_as_message(flags=True):
         import bilevel as bl
 
@@ -247,12 +253,7 @@ def sweep(
     wins). The figure is a heat map of the headline metric's final mean for a 2-field grid, a
     line plot for 1 field. Grid step sizes not given fall back to the problem's hints.
     """
-    for flag, value in (("--steps", steps), ("--seeds", seeds), ("--eval-every", eval_every)):
-        if value is not None and value < 1:
-            _fail(f"{flag} must be a positive integer, got {value}.")
-    every = eval_every if eval_every is not None else max(1, steps // 100)
-    if out.exists() and not out.is_dir():
-        _fail(f"--out {out} is a file; give a directory for the outputs.")
+    every = _check_run_flags(steps, seeds, eval_every, out)
     with _bad_input_as_message(flags=True):
         import bilevel as bl
 
