@@ -16,6 +16,7 @@ import hashlib
 import json
 import operator
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -239,7 +240,9 @@ def _signature(
 ) -> str:
     """A fingerprint of everything that determines the trajectory (not ``steps``)."""
     h = hashlib.sha256()
-    h.update(repr(solver).encode())
+    # functions (schedules, an optax outer optimiser) print with their memory address, which
+    # differs in every process: a resumed run must not look like another run
+    h.update(re.sub(r" at 0x[0-9a-fA-F]+", "", repr(solver)).encode())
     h.update(repr((problem.name, seeds, batched, eval_every, _CHECKPOINT_VERSION)).encode())
     children, _ = problem.tree_flatten()
     leaves, treedef = jax.tree.flatten(children)

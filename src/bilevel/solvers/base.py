@@ -81,9 +81,11 @@ class Solver(abc.ABC):
     """
 
     #: how the x-direction becomes a step: "sgd" (x - lr d, the papers' update), "momentum"
-    #: (heavy ball, 0.9) or "adam" (Kingma & Ba 2015; the PZOBO experiments' outer optimiser);
-    #: ``lr_outer`` is the learning rate in every case, and the step is projected onto x_set.
-    outer_optimizer: str = "sgd"
+    #: (heavy ball, 0.9), "adam" (Kingma & Ba 2015; the PZOBO experiments' outer optimiser), or
+    #: any ``optax.GradientTransformation`` WITHOUT a learning rate, such as
+    #: ``optax.scale_by_adam(b1=0.5)``; ``lr_outer`` is the learning rate in every case (the
+    #: solver multiplies by its own lr_k), and the step is projected onto x_set.
+    outer_optimizer: Any = "sgd"
 
     name: ClassVar[str] = "solver"
     #: whether ``step`` honours ``problem.x_set`` (projection or LMO)
@@ -137,10 +139,12 @@ class Solver(abc.ABC):
                     raise ValueError(
                         f"{type(self).__name__}({fld}=...) must be a positive int, got {v!r}."
                     )
-        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+        opt = self.outer_optimizer
+        if not isinstance(opt, optax.GradientTransformation) and opt not in OUTER_OPTIMIZERS:
             raise ValueError(
-                f"{type(self).__name__}(outer_optimizer={self.outer_optimizer!r}) is unknown; use "
-                f"one of {', '.join(OUTER_OPTIMIZERS)}."
+                f"{type(self).__name__}(outer_optimizer={opt!r}) is unknown; use one of "
+                f"{', '.join(OUTER_OPTIMIZERS)} or an optax.GradientTransformation without a "
+                "learning rate (e.g. optax.scale_by_adam(b1=0.5))."
             )
         self.validate()
 
@@ -241,6 +245,8 @@ class Solver(abc.ABC):
     # ---- helpers shared by all solvers -----------------------------------------------------
     def _outer_transform(self) -> optax.GradientTransformation:
         # the optimiser without its learning rate: the solver multiplies by its own lr_k
+        if isinstance(self.outer_optimizer, optax.GradientTransformation):
+            return self.outer_optimizer
         return {
             "sgd": optax.identity,
             "momentum": lambda: optax.trace(decay=0.9),
