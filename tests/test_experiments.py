@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+import bilevel as bl
 from bilevel import experiments
 from bilevel.cli import app
 
@@ -275,3 +276,21 @@ def test_e3_claims_name_a_run_that_diverged(tmp_path):
     run.write(hists, done=2)
     claims = (tmp_path / "claims.md").read_text()
     assert "AID-CG 0.100 (diverged after step 0)" in claims and "PZOBO-S 0.800," in claims
+
+
+def test_grid_search_as_one_sweep_scores_as_the_loop_of_solves():
+    """A float grid runs as one bl.sweep program: the same scores (to vmap's reordering of
+    float64 sums, 1e-12) and the same pick as one bl.solve per point; a diverging point is out."""
+    from bilevel.experiments.common import _scores_looped, grid_search
+
+    problem = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=64)
+    base = {"batch_size": 16, "inner_steps": 2}
+    grid = {"lr_outer": [0.01, 0.05, 50.0], "lr_inner": [0.05, 0.1]}  # 50.0 diverges
+    best, table = grid_search(problem, "f2sa", base, grid, steps=60, metric="grad_norm", seeds=2)
+    points = [(a, b) for a in grid["lr_outer"] for b in grid["lr_inner"]]
+    looped = _scores_looped(
+        problem, "f2sa", base, list(grid), points, 60, "grad_norm", None, 2, None
+    )
+    np.testing.assert_allclose(table["grad_norm"].to_numpy(), looped, rtol=1e-12)
+    assert np.isinf(looped[-1]) and np.isinf(table["grad_norm"].iloc[-1])
+    assert (best["lr_outer"], best["lr_inner"]) == points[int(np.argmin(looped))]

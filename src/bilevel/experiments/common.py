@@ -25,6 +25,7 @@ from ..problem import BilevelProblem
 from ..report import plot_history
 from ..run import DivergenceWarning, solve
 from ..solvers import make
+from ..sweep import final_means, sweep
 
 __all__ = [
     "Method",
@@ -148,10 +149,11 @@ def grid_search(
     Each point runs ``seeds`` vmapped seeds (from ``init``'s random starts when given, as
     ``bl.solve(init=...)``) and scores their mean final ``metric``; a point where any seed
     diverged or ended non-finite scores +inf. Returns (best hyperparameters, table of all).
-    A one-point grid (quick runs) has nothing to choose: it is returned without a run, its
-    score written as NaN.
+    A grid of float values (step sizes, constants) runs as one ``bl.sweep`` program; a grid
+    with other values (None, ints, strings: static settings) runs point by point. A one-point
+    grid (quick runs) has nothing to choose: it is returned without a run, its score written
+    as NaN.
     """
-    rows = []
     keys = list(grid)
     points = list(itertools.product(*(grid[k] for k in keys)))
     if len(points) == 1:
@@ -159,6 +161,46 @@ def grid_search(
         return dict(base, **dict(zip(keys, points[0], strict=True))), pd.DataFrame(
             [dict(row, **{metric: math.nan})]
         )
+    run = _scores_swept if _all_floats(points) else _scores_looped
+    scores = run(problem, solver, base, keys, points, steps, metric, eval_every, seeds, init)
+    table = pd.DataFrame(
+        [
+            {"solver": solver, **{k: str(v) for k, v in zip(keys, values, strict=True)}, metric: sc}
+            for values, sc in zip(points, scores, strict=True)
+        ]
+    )
+    best_values = points[int(np.argmin(table[metric].to_numpy()))]
+    return dict(base, **dict(zip(keys, best_values, strict=True))), table
+
+
+def _all_floats(points) -> bool:
+    return all(isinstance(v, float) for values in points for v in values)
+
+
+def _scores_swept(problem, solver, base, keys, points, steps, metric, eval_every, seeds, init):
+    """The grid as one ``bl.sweep`` program; a point whose seeds did not all reach ``steps``
+    finite scores +inf (``sweep.final_means``)."""
+    df = sweep(
+        problem,
+        solver,
+        grid={k: list(dict.fromkeys(v[i] for v in points)) for i, k in enumerate(keys)},
+        steps=steps,
+        seeds=range(seeds),
+        eval_every=eval_every or steps,
+        progress=False,
+        init=init,
+        **base,
+    )
+    means = final_means(df, keys).set_index(keys)[metric]
+    if df["step"].max() < steps:  # every point stopped early
+        return [math.inf] * len(points)
+    scores = [float(means.loc[values if len(keys) > 1 else values[0]]) for values in points]
+    return [sc if math.isfinite(sc) else math.inf for sc in scores]
+
+
+def _scores_looped(problem, solver, base, keys, points, steps, metric, eval_every, seeds, init):
+    """One ``bl.solve`` per point (grids over static settings)."""
+    scores = []
     for values in points:
         hyper = dict(base, **dict(zip(keys, values, strict=True)))
         with warnings.catch_warnings():
@@ -175,17 +217,8 @@ def grid_search(
         score = final_mean(res.history, metric) if res.ok else math.inf
         if not math.isfinite(score) or res.history.step.max() < steps:
             score = math.inf
-        rows.append(
-            {
-                "solver": solver,
-                **{k: str(v) for k, v in zip(keys, values, strict=True)},
-                metric: score,
-            }
-        )
-    table = pd.DataFrame(rows)
-    best_row = int(np.argmin(table[metric].to_numpy()))
-    best_values = points[best_row]
-    return dict(base, **dict(zip(keys, best_values, strict=True))), table
+        scores.append(score)
+    return scores
 
 
 def _fmt(v: Any) -> str:
