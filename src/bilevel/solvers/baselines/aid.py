@@ -38,8 +38,11 @@ class _AID(ImplicitSolver):
         v   ~ [d^2 g/dy^2 (x_k, y; B_H)]^{-1} grad_y f(x_k, y; D_F)       K CG or FP iterations
         x   <- Proj_X(x_k - lr_outer [grad_x f(x_k, y; D_F) - d^2 g/dx dy (x_k, y; B_C) v])
 
-    The adjoint starts from v = 0 every iteration (hypertorch). In the stochastic version the K
-    Hessian-vector products share one minibatch B_H, so CG solves one consistent linear system.
+    The adjoint starts from v = 0 every iteration (hypertorch). By default the K Hessian-vector
+    products share one minibatch B_H, so CG solves one consistent linear system;
+    ``fresh_hessian=True`` draws a new minibatch for every product instead (hypertorch's
+    ``stochastic=True``, the "stochastic AID" of the PZOBO paper's E3): K Hessian samples per
+    step instead of one, so N + K + 1 inner minibatches.
     """
 
     lr_outer: Any = 0.01
@@ -48,6 +51,7 @@ class _AID(ImplicitSolver):
     inner_steps: int = 10
     linsolve_steps: int = 20
     warm_start: bool = True
+    fresh_hessian: bool = False
 
     paper: ClassVar[str] = "Grazzi, Franceschi, Pontil, Salzo. ICML 2020"
 
@@ -74,6 +78,8 @@ class AIDCG(_AID):
         linsolve_steps: K, CG iterations (the PZOBO paper's E1 uses K = N = 20).
         warm_start: start the inner loop from the previous y (hypertorch, PZOBO code) instead
             of ``problem.y0``.
+        fresh_hessian: a fresh minibatch for every Hessian-vector product (hypertorch's
+            ``stochastic=True``); default False, one shared minibatch per step.
 
     References:
         Grazzi, Franceschi, Pontil, Salzo. "On the Iteration Complexity of Hypergradient
@@ -86,7 +92,7 @@ class AIDCG(_AID):
     name: ClassVar[str] = "aid-cg"
 
     def adjoint(self) -> Adjoint:
-        return ConjugateGradient(self.linsolve_steps)
+        return ConjugateGradient(self.linsolve_steps, fresh=self.fresh_hessian)
 
 
 @register("aid-fp")
@@ -96,7 +102,8 @@ class AIDFP(_AID):
     ``v <- v - fp_lr ([d^2 g/dy^2] v - grad_y f)`` from v = 0 (``linsolve.fixed_point``).
 
     Args:
-        lr_outer, lr_inner, batch_size, inner_steps, warm_start: as :class:`AIDCG`.
+        lr_outer, lr_inner, batch_size, inner_steps, warm_start, fresh_hessian: as
+            :class:`AIDCG`.
         linsolve_steps: K, fixed-point iterations (K = N = 20 in the PZOBO paper's E1). The
             truncation leaves a bias ``(I - fp_lr H)^K`` on the adjoint.
         fp_lr: step of the fixed-point iteration, below 2/L_g; None = ``lr_inner`` (the map
@@ -119,4 +126,4 @@ class AIDFP(_AID):
 
     def adjoint(self) -> Adjoint:
         lr = self._adjoint_lr("fp_lr")
-        return FixedPoint(self.linsolve_steps, lr=lr)
+        return FixedPoint(self.linsolve_steps, fresh=self.fresh_hessian, lr=lr)
