@@ -137,6 +137,7 @@ def cg(
     num_iters: int,
     init: PyTree | None = None,
     tol: float = 0.0,
+    indexed: bool = False,
 ) -> PyTree:
     r"""Conjugate gradient for ``H u = b`` with ``H`` symmetric positive definite.
 
@@ -173,6 +174,9 @@ def cg(
         init: Starting point ``u_0`` (same structure as ``b``); ``None`` means zeros.
         tol: Relative residual tolerance ``>= 0``; ``0`` runs every iteration unless the
             residual becomes exactly zero.
+        indexed: Call ``matvec(v, i)`` with ``i`` the iteration (a traced ``int32``,
+            ``0, ..., num_iters - 1``), so the caller can use an independent minibatch Hessian
+            per product (hypertorch's ``stochastic=True``); ``init`` must then be ``None``.
 
     Returns:
         The approximate solution ``u_{num_iters}``, a pytree like ``b``.
@@ -194,6 +198,8 @@ def cg(
     _check_nonnegative("tol", tol)
     b = _as_float_arrays(b)
 
+    if indexed and init is not None:
+        raise ValueError("cg(indexed=True) starts from 0: the initial residual has no index.")
     if init is None:
         # u_0 = 0 gives r_0 = b for free: no matvec needed.
         x0 = tree_zeros_like(b)
@@ -205,9 +211,9 @@ def cg(
     # Compare squared norms so no sqrt (and no sqrt'(0) = inf under grad) is needed.
     threshold = (tol * tol) * tree_vdot(b, b)
 
-    def step(carry, _):
+    def step(carry, i):
         x, r, p, rs = carry
-        hp = matvec(p)
+        hp = matvec(p, i) if indexed else matvec(p)
         php = tree_vdot(p, hp)
         # Written as `not <=` so that a NaN residual counts as *not* converged: NaNs from
         # the matvec or from b propagate to the output instead of being frozen away.
@@ -225,7 +231,7 @@ def cg(
         return _match_dtypes(new, carry), None
 
     carry0 = (x0, r0, r0, rs0)
-    (x, _, _, _), _ = jax.lax.scan(step, carry0, None, length=num_iters)
+    (x, _, _, _), _ = jax.lax.scan(step, carry0, jnp.arange(num_iters, dtype=jnp.int32))
     return x
 
 
@@ -312,6 +318,7 @@ def fixed_point(
     lr: float,
     num_iters: int,
     init: PyTree | None = None,
+    indexed: bool = False,
 ) -> PyTree:
     r"""Fixed-point iteration (gradient descent on ``½ uᵀHu - bᵀu``) for ``H u = b``.
 
@@ -330,6 +337,8 @@ def fixed_point(
         lr: Step size ``η > 0`` (may be traced, in which case it is not validated).
         num_iters: Number of iterations, a static Python int ``>= 0``.
         init: Starting point ``u_0``; ``None`` means zeros.
+        indexed: Call ``matvec(v, i)`` with ``i`` the iteration (traced ``int32``,
+            ``0, ..., num_iters - 1``): an independent minibatch Hessian per product.
 
     Returns:
         ``u_{num_iters}``, a pytree like ``b``.
@@ -350,11 +359,12 @@ def fixed_point(
     b = _as_float_arrays(b)
     u0 = tree_zeros_like(b) if init is None else _match_dtypes(_as_float_arrays(init), b)
 
-    def step(u, _):
-        residual = tree_sub(matvec(u), b)  # H u - b, the gradient of the quadratic
+    def step(u, i):
+        hu = matvec(u, i) if indexed else matvec(u)
+        residual = tree_sub(hu, b)  # H u - b, the gradient of the quadratic
         return _match_dtypes(tree_axpy(-lr, residual, u), u), None
 
-    u, _ = jax.lax.scan(step, u0, None, length=num_iters)
+    u, _ = jax.lax.scan(step, u0, jnp.arange(num_iters, dtype=jnp.int32))
     return u
 
 

@@ -12,7 +12,8 @@ grad_y f`` at ``y*(x)``. AID approximates y*(x) by N inner gradient steps and th
 Hessian-vector products: conjugate gradient (CG) or the fixed-point iteration
 ``v <- v - eta (H v - grad_y f)`` (FP, gradient descent on the quadratic; hypertorch writes it as
 ``v <- (dPsi/dy)^T v + grad_y f`` for the inner map Psi(y) = y - eta grad_y g, which is the same
-iteration scaled by eta).
+iteration scaled by eta). Both are presets of the implicit-gradient family
+(``solvers/implicit.py``) with the ``ConjugateGradient`` or ``FixedPoint`` strategy.
 """
 
 from __future__ import annotations
@@ -20,25 +21,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
-
-from ... import linsolve, oracles
-from ...problem import BilevelProblem
-from ...sampling import Minibatches
-from ...schedules import as_schedule
-from ..base import IterateState, Solver
-from ..common import implicit_hypergradient, inner_sgd
+from ..base import IterateState
+from ..implicit import Adjoint, ConjugateGradient, FixedPoint, ImplicitSolver
 from ..registry import register
-
-PyTree = Any
-
 
 AIDState = IterateState  # x, y (see the class docstring), k, key, counts, outer_state
 
 
 @dataclasses.dataclass(frozen=True)
-class _AID(Solver):
-    r"""Shared body of AID-CG and AID-FP (the two differ only in the linear solver).
+class _AID(ImplicitSolver):
+    r"""The fields AID-CG and AID-FP share (they differ only in the linear solver).
 
     Per iteration k, with an independent minibatch for every oracle when ``batch_size`` is set::
 
@@ -46,10 +38,11 @@ class _AID(Solver):
         v   ~ [d^2 g/dy^2 (x_k, y; B_H)]^{-1} grad_y f(x_k, y; D_F)       K CG or FP iterations
         x   <- Proj_X(x_k - lr_outer [grad_x f(x_k, y; D_F) - d^2 g/dx dy (x_k, y; B_C) v])
 
-    The adjoint starts from v = 0 every iteration (hypertorch). In the stochastic version the K
-    Hessian-vector products share one minibatch B_H, so CG solves one consistent linear system;
-    hypertorch's ``stochastic=True`` instead draws a fresh one per product (not offered: the
-    ``linsolve`` solvers take an un-indexed matvec).
+    The adjoint starts from v = 0 every iteration (hypertorch). By default the K Hessian-vector
+    products share one minibatch B_H, so CG solves one consistent linear system;
+    ``fresh_hessian=True`` draws a new minibatch for every product instead (hypertorch's
+    ``stochastic=True``, the "stochastic AID" of the PZOBO paper's E3): K Hessian samples per
+    step instead of one, so N + K + 1 inner minibatches.
     """
 
     lr_outer: Any = 0.01
@@ -58,6 +51,7 @@ class _AID(Solver):
     inner_steps: int = 10
     linsolve_steps: int = 20
     warm_start: bool = True
+    fresh_hessian: bool = False
 
     paper: ClassVar[str] = "Grazzi, Franceschi, Pontil, Salzo. ICML 2020"
 
@@ -67,53 +61,6 @@ class _AID(Solver):
             raise ValueError(
                 f"{type(self).__name__}(linsolve_steps=...) must be a positive int, got {K!r}."
             )
-
-    def adjoint(self, hvp, rhs: PyTree) -> PyTree:
-        """``v ~ H^{-1} rhs`` with K iterations of the solver (subclasses)."""
-        raise NotImplementedError
-
-    def hypergradient(
-        self, problem: BilevelProblem, x: PyTree, y: PyTree, mb: Minibatches, k=0
-    ) -> tuple[PyTree, PyTree]:
-        """``(hypergradient estimate, y_N)``: N inner steps from ``y``, then the adjoint solve.
-
-        ``mb`` holds the step's draws (``outer=1``, ``inner=N + 2``: N for the inner steps, then
-        the Hessian and the cross-derivative samples).
-        """
-        f, g, N = problem.outer, problem.inner, self.inner_steps
-        y = inner_sgd(problem, mb, x, y, as_schedule(self.lr_inner)(k), N)
-        grad_x_f, grad_y_f = oracles.grads(f, x, y, mb.outer(0))
-        hessian_batch = mb.inner(N)
-
-        def hvp(v):
-            return oracles.hvp_yy(g, x, y, hessian_batch, v)
-
-        v = self.adjoint(hvp, grad_y_f)
-        return implicit_hypergradient(problem, x, y, v, grad_x_f, mb.inner(N + 1)), y
-
-    def init(self, problem: BilevelProblem, key: jax.Array) -> AIDState:
-        return self.initial_state(problem, key)
-
-    def step(self, problem: BilevelProblem, state: AIDState) -> AIDState:
-        N, K = self.inner_steps, self.linsolve_steps
-        key, batch_key = jax.random.split(state.key)
-        mb = self.minibatches(problem, batch_key, outer=1, inner=N + 2)
-        y_start = state.y if self.warm_start else problem.y0
-        hypergrad, y = self.hypergradient(problem, state.x, y_start, mb, state.k)
-        x_new, outer_state = self.outer_step(
-            problem, state.x, hypergrad, state.outer_state, as_schedule(self.lr_outer)(state.k)
-        )
-        counts = state.counts.add(
-            samples_outer=mb.samples_outer,
-            samples_inner=mb.samples_inner,
-            grad_f=1,  # both partials of f, fused
-            grad_g=N,
-            hvp=K,
-            cross=1,
-        )
-        return AIDState(
-            x=x_new, y=y, k=state.k + 1, key=key, counts=counts, outer_state=outer_state
-        )
 
 
 @register("aid-cg")
@@ -131,6 +78,8 @@ class AIDCG(_AID):
         linsolve_steps: K, CG iterations (the PZOBO paper's E1 uses K = N = 20).
         warm_start: start the inner loop from the previous y (hypertorch, PZOBO code) instead
             of ``problem.y0``.
+        fresh_hessian: a fresh minibatch for every Hessian-vector product (hypertorch's
+            ``stochastic=True``); default False, one shared minibatch per step.
 
     References:
         Grazzi, Franceschi, Pontil, Salzo. "On the Iteration Complexity of Hypergradient
@@ -142,8 +91,8 @@ class AIDCG(_AID):
 
     name: ClassVar[str] = "aid-cg"
 
-    def adjoint(self, hvp, rhs: PyTree) -> PyTree:
-        return linsolve.cg(hvp, rhs, num_iters=self.linsolve_steps)
+    def adjoint(self) -> Adjoint:
+        return ConjugateGradient(self.linsolve_steps, fresh=self.fresh_hessian)
 
 
 @register("aid-fp")
@@ -153,7 +102,8 @@ class AIDFP(_AID):
     ``v <- v - fp_lr ([d^2 g/dy^2] v - grad_y f)`` from v = 0 (``linsolve.fixed_point``).
 
     Args:
-        lr_outer, lr_inner, batch_size, inner_steps, warm_start: as :class:`AIDCG`.
+        lr_outer, lr_inner, batch_size, inner_steps, warm_start, fresh_hessian: as
+            :class:`AIDCG`.
         linsolve_steps: K, fixed-point iterations (K = N = 20 in the PZOBO paper's E1). The
             truncation leaves a bias ``(I - fp_lr H)^K`` on the adjoint.
         fp_lr: step of the fixed-point iteration, below 2/L_g; None = ``lr_inner`` (the map
@@ -172,13 +122,8 @@ class AIDFP(_AID):
 
     def validate(self) -> None:
         super().validate()
-        if self.fp_lr is None and callable(self.lr_inner):
-            raise ValueError("AIDFP: give fp_lr explicitly when lr_inner is a schedule.")
-        if self.fp_lr is not None and not (
-            isinstance(self.fp_lr, int | float) and 0 < self.fp_lr < float("inf")
-        ):
-            raise ValueError(f"AIDFP(fp_lr=...) must be a positive float, got {self.fp_lr!r}.")
+        self._check_adjoint_lr("fp_lr")
 
-    def adjoint(self, hvp, rhs: PyTree) -> PyTree:
-        lr = self.lr_inner if self.fp_lr is None else self.fp_lr
-        return linsolve.fixed_point(hvp, rhs, lr=lr, num_iters=self.linsolve_steps)
+    def adjoint(self) -> Adjoint:
+        lr = self._adjoint_lr("fp_lr")
+        return FixedPoint(self.linsolve_steps, fresh=self.fresh_hessian, lr=lr)

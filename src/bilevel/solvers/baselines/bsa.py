@@ -3,7 +3,8 @@ r"""BSA: bilevel stochastic approximation, a double-loop baseline of STABLE.
 Ghadimi & Wang. "Approximation Methods for Bilevel Programming." arXiv:1802.02246, 2018
 (Algorithm 2 with the inner SGD of Algorithm 1 and the Hessian-inverse estimate of
 Algorithm 3). Run as a baseline in the STABLE paper (Chen, Sun, Xiao, Yin, AISTATS 2022,
-Sec. 4); spec ``shared/specs/stable.md`` Sec. 2.5.
+Sec. 4); spec ``shared/specs/stable.md`` Sec. 2.5. A preset of the implicit-gradient family
+(``solvers/implicit.py``) with the Neumann or randomised-Neumann strategy.
 """
 
 from __future__ import annotations
@@ -11,16 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
-
-from ... import oracles
-from ...problem import BilevelProblem
 from ..base import IterateState
-from ..common import implicit_hypergradient, inner_sgd
+from ..implicit import StochasticApproximation
 from ..registry import register
-from .ttsa import NeumannBaseline
-
-PyTree = Any
 
 __all__ = ["BSA", "BSAState", "BSA_REGIMES"]
 
@@ -34,7 +28,7 @@ BSAState = IterateState  # x, y (see the class docstring), k, key, counts, outer
 
 @register("bsa")
 @dataclasses.dataclass(frozen=True)
-class BSA(NeumannBaseline):
+class BSA(StochasticApproximation):
     r"""BSA (Ghadimi & Wang 2018, Algorithm 2), as run in the STABLE paper's Sec. 4.
 
     Per outer iteration k::
@@ -90,35 +84,3 @@ class BSA(NeumannBaseline):
 
     name: ClassVar[str] = "bsa"
     regimes: ClassVar[dict[str, tuple[float, float]]] = BSA_REGIMES
-
-    def validate(self) -> None:
-        self._validate_neumann()
-
-    def init(self, problem: BilevelProblem, key: jax.Array) -> BSAState:
-        return self.initial_state(problem, key)
-
-    def step(self, problem: BilevelProblem, state: BSAState) -> BSAState:
-        f = problem.outer
-        x, T, N = state.x, self.inner_steps, self.neumann_steps
-        key, batch_key, p_key = jax.random.split(state.key, 3)
-        # inner draws: 0..T-1 for SGD, T..T+N-2 for the Hessian samples, T+N-1 for the cross term
-        mb = self.minibatches(problem, batch_key, outer=1, inner=T + N)
-        alpha, beta = self.step_sizes(state.k)
-
-        y = inner_sgd(problem, mb, x, state.y, beta, T)  # Algorithm 1, warm-started
-        grad_x_f, grad_y_f = oracles.grads(f, x, y, mb.outer(0))
-        v, hvps = self.adjoint(problem, mb, x, y, grad_y_f, first=T, key=p_key)  # Algorithm 3
-        hypergrad = implicit_hypergradient(problem, x, y, v, grad_x_f, mb.inner(T + N - 1))
-        x_new, outer_state = self.outer_step(problem, x, hypergrad, state.outer_state, alpha)
-
-        counts = state.counts.add(
-            samples_outer=mb.samples_outer,
-            samples_inner=mb.samples_inner - self.unused_draws(problem, hvps),
-            grad_f=1,
-            grad_g=T,
-            hvp=hvps,
-            cross=1,
-        )
-        return BSAState(
-            x=x_new, y=y, k=state.k + 1, key=key, counts=counts, outer_state=outer_state
-        )

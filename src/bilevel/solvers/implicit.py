@@ -1,0 +1,369 @@
+r"""The implicit-gradient family: stocBiO, AID-CG, AID-FP, TTSA and BSA as presets of one estimator.
+
+By the implicit function theorem (Ghadimi & Wang 2018, eq. (2.7); Ji, Yang & Liang 2021, eq. (3))
+
+.. math::
+
+    \nabla F(x) = \nabla_x f(x, y^*) - \nabla^2_{xy} g(x, y^*)\,
+    [\nabla^2_{yy} g(x, y^*)]^{-1} \nabla_y f(x, y^*).
+
+Every method of the family runs, per outer iteration k (:meth:`ImplicitSolver.step`):
+
+1. inner steps: ``y <- T (S)GD steps on g(x_k, .)`` from y_k (warm start) or y_0, step beta_k,
+   a fresh minibatch per step (:func:`~bilevel.solvers.common.inner_sgd`);
+2. adjoint: ``v ~ [d^2 g/dy^2 (x_k, y)]^{-1} grad_y f(x_k, y; D_F)`` by an interchangeable
+   :class:`Adjoint` strategy (:class:`ConjugateGradient`, :class:`FixedPoint`,
+   :class:`Neumann`, :class:`RandomNeumann`) built from minibatch Hessian-vector products;
+3. implicit hypergradient ``h = grad_x f(x_k, y; D_F) - d^2 g/dx dy (x_k, y; D_C) v``;
+4. outer step ``x_{k+1} = Proj_X(x_k - alpha_k P(h))`` (:meth:`Solver.outer_step`).
+
+A preset declares only what differs: its fields, the strategy (:meth:`ImplicitSolver.adjoint`),
+and two class-level switches for the papers' schedules -- ``two_timescale`` (TTSA, Hong et al.
+2020: one y step evaluated at (x_k, y_k), applied together with the x step) and ``keyed_adjoint``
+(TTSA, BSA: the step splits a key for the randomised Hessian inverse, whichever estimator runs).
+
+Minibatches: one ``self.minibatches`` call per step, with the inner draws laid out by
+:class:`Draws` (T steps, then the adjoint's Hessian samples, then the cross term's) and one outer
+draw D_F for both partials of f. The step's :class:`~bilevel.oracles.Counts` follow from the
+layout and from the products the strategy reports (``grad_g = T``, ``hvp`` = products,
+``cross = 1``, ``grad_f = 1`` fused), so no preset writes its own sums.
+
+References:
+    Ghadimi, Wang. "Approximation Methods for Bilevel Programming." arXiv:1802.02246, 2018.
+    Ji, Yang, Liang. "Bilevel Optimization: Convergence Analysis and Enhanced Design." ICML 2021.
+    Grazzi, Franceschi, Pontil, Salzo. "On the Iteration Complexity of Hypergradient
+    Computation." ICML 2020.
+    Hong, Wai, Wang, Yang. "A Two-Timescale Stochastic Algorithm Framework for Bilevel
+    Optimization." SIAM J. Optim. 2023 (arXiv:2007.05170).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .. import linsolve, oracles
+from .._tree import tree_axpy
+from ..problem import BilevelProblem
+from ..sampling import Minibatches, batch_count
+from ..schedules import as_schedule
+from .base import IterateState, Solver, _is_auto
+from .common import implicit_hypergradient, inner_sgd
+
+PyTree = Any
+#: ``j -> (v -> H_j v)``: the Hessian-vector product with the minibatch Hessian of sample j
+HessianSamples = Callable[[Any], Callable[[PyTree], PyTree]]
+
+__all__ = [
+    "Adjoint",
+    "ConjugateGradient",
+    "FixedPoint",
+    "Neumann",
+    "RandomNeumann",
+    "Draws",
+    "Estimate",
+    "ImplicitSolver",
+    "StochasticApproximation",
+]
+
+
+# ---- adjoint strategies ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Adjoint(abc.ABC):
+    """A strategy for ``v ~ H^{-1} rhs`` from minibatch Hessian-vector products (C6).
+
+    ``draws`` Hessian samples are declared per step; ``solve`` returns ``(v, products)`` with
+    ``products`` the Hessian-vector products it evaluated (a traced int for random strategies).
+    """
+
+    @property
+    @abc.abstractmethod
+    def draws(self) -> int:
+        """Hessian samples (inner minibatches) the strategy declares per step."""
+
+    @abc.abstractmethod
+    def solve(self, hessian: HessianSamples, rhs: PyTree, key) -> tuple[PyTree, Any]:
+        """``(v, products)``; sample j's product is ``hessian(j)(v)``."""
+
+    def draws_used(self, products) -> Any:
+        """Declared samples actually used (all, unless a random strategy stops early)."""
+        del products
+        return self.draws
+
+
+@dataclasses.dataclass(frozen=True)
+class _Krylov(Adjoint):
+    """K iterations of a linear solver on ``H v = rhs`` from v = 0, one product each: on one
+    shared Hessian sample (a consistent system), or, with ``fresh``, a new sample per product
+    (hypertorch's ``stochastic=True``, spec pzobo.md 3.5, "Stochastic AID-FP / AID-CG")."""
+
+    num_iters: int
+    fresh: bool = False
+
+    @property
+    def draws(self) -> int:
+        return self.num_iters if self.fresh else 1
+
+    def solve(self, hessian, rhs, key):
+        del key
+        if self.fresh:
+            return self.run(lambda v, i: hessian(i)(v), rhs, indexed=True), self.num_iters
+        return self.run(hessian(0), rhs, indexed=False), self.num_iters
+
+    @abc.abstractmethod
+    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
+        """The solver's K iterations."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ConjugateGradient(_Krylov):
+    """K conjugate-gradient iterations (Hestenes & Stiefel 1952; AID-CG of Grazzi et al., ICML
+    2020, and Rajeswaran et al., NeurIPS 2019): ``linsolve.cg``."""
+
+    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
+        return linsolve.cg(matvec, rhs, num_iters=self.num_iters, indexed=indexed)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedPoint(_Krylov):
+    """K fixed-point iterations ``v <- v - lr (H v - rhs)`` (gradient descent on the quadratic;
+    AID-FP of Grazzi et al., ICML 2020): ``linsolve.fixed_point``."""
+
+    lr: Any = None  # eta < 2 / L_g (a float leaf of the solver, traced under jit)
+
+    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
+        return linsolve.fixed_point(
+            matvec, rhs, lr=self.lr, num_iters=self.num_iters, indexed=indexed
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Neumann(Adjoint):
+    r"""The truncated Neumann series with an independent Hessian per factor (Ji, Yang & Liang
+    2021, Alg. 3): ``v = eta sum_{q<N} prod_{j=1}^{q} (I - eta H_j) rhs``, N - 1 products."""
+
+    lr: Any
+    num_terms: int
+
+    @property
+    def draws(self) -> int:
+        return self.num_terms - 1
+
+    def solve(self, hessian, rhs, key):
+        del key
+
+        def factor(v, q):  # q = 1..N-1: factor q uses Hessian sample q - 1
+            return hessian(q - 1)(v)
+
+        v = linsolve.neumann(factor, rhs, lr=self.lr, num_terms=self.num_terms, indexed=True)
+        return v, self.num_terms - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomNeumann(Neumann):
+    r"""The randomised Neumann product (Ghadimi & Wang 2018, Alg. 3; Hong et al. 2020, TTSA):
+    ``v = N eta prod_{j=1}^{p} (I - eta H_j) rhs`` with ``p ~ U{0, ..., N-1}`` from ``key``, so
+    p products (traced). Same mean as :class:`Neumann`."""
+
+    def solve(self, hessian, rhs, key):
+        p = jax.random.randint(key, (), 0, self.num_terms)
+
+        def factor(j, v):  # j = 0..p-1
+            return tree_axpy(-self.lr, hessian(j)(v), v)
+
+        v = jax.lax.fori_loop(0, p, factor, rhs)
+        return jax.tree.map(lambda leaf: self.num_terms * self.lr * leaf, v), p
+
+    def draws_used(self, products):
+        return products
+
+
+# ---- the estimator -----------------------------------------------------------------------------
+class Draws(NamedTuple):
+    """The inner minibatches of one step, in order: ``steps`` for the inner (S)GD steps, then the
+    adjoint's ``hessian`` samples, then the cross term's own draw -- or, when
+    ``cross_shares_step``, the cross term reuses inner draw 0 (TTSA's phi^k, STABLE eq. (7b))."""
+
+    steps: int
+    hessian: int
+    cross_shares_step: bool = False
+
+    @property
+    def inner(self) -> int:
+        return self.steps + self.hessian + (0 if self.cross_shares_step else 1)
+
+    def hessian_draw(self, j):
+        return self.steps + j
+
+    @property
+    def cross_draw(self) -> int:
+        return 0 if self.cross_shares_step else self.steps + self.hessian
+
+
+class Estimate(NamedTuple):
+    """One step's implicit hypergradient and what it cost."""
+
+    direction: PyTree  # grad_x f - d2g/dxdy v, at (x_k, y_eval)
+    y: PyTree  # the inner iterate after the step's inner (S)GD steps
+    products: Any  # Hessian-vector products of the adjoint (int, or traced)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImplicitSolver(Solver):
+    """Base of the implicit-gradient presets (see the module docstring); not registered.
+
+    A preset has ``lr_outer``, ``lr_inner``, ``batch_size``, optionally ``inner_steps`` (T) and
+    ``warm_start``, and implements :meth:`adjoint`.
+    """
+
+    #: TTSA (Hong et al. 2020; STABLE eq. (7)): one y step per iteration, and the hypergradient
+    #: at (x_k, y_k) with that step's sample phi^k in the cross term, both updates applied together
+    two_timescale: ClassVar[bool] = False
+    #: split a third key per step for the adjoint (TTSA/BSA, whichever estimator they run)
+    keyed_adjoint: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def adjoint(self) -> Adjoint:
+        """The strategy for ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (built from the fields)."""
+
+    def step_sizes(self, k) -> tuple[Any, Any]:
+        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k."""
+        return as_schedule(self.lr_outer)(k), as_schedule(self.lr_inner)(k)
+
+    def draws(self) -> Draws:
+        """The step's inner-draw layout (declared from T and the strategy)."""
+        steps = 1 if self.two_timescale else self.inner_steps
+        return Draws(steps, self.adjoint().draws, cross_shares_step=self.two_timescale)
+
+    def _adjoint_lr(self, name: str) -> Any:
+        """Field ``name`` (an adjoint step size), or ``lr_inner`` when it is None."""
+        value = getattr(self, name)
+        return self.lr_inner if value is None else value
+
+    def _check_adjoint_lr(self, name: str) -> None:
+        """``name`` is None (= ``lr_inner``, then a float) or a positive finite float."""
+        cls, value = type(self).__name__, getattr(self, name)
+        if value is None and callable(self.lr_inner):
+            raise ValueError(f"{cls}: give {name} explicitly when lr_inner is a schedule.")
+        if value is not None and not (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and 0 < value < float("inf")
+        ):
+            raise ValueError(f"{cls}({name}=...) must be a positive float, got {value!r}.")
+
+    def estimate(self, problem: BilevelProblem, x, y, mb: Minibatches, beta, key=None) -> Estimate:
+        """Steps 1-3 of the module docstring on the draws of ``mb`` (laid out by :meth:`draws`)."""
+        draws = self.draws()
+        y_new = inner_sgd(problem, mb, x, y, beta, draws.steps)
+        y_eval = y if self.two_timescale else y_new  # TTSA (7): both updates at (x^k, y^k)
+        grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y_eval, mb.outer(0))
+
+        def hessian(j):  # the product with Hessian sample j (its batch gathered once)
+            batch = mb.inner(draws.hessian_draw(j))
+            return functools.partial(oracles.hvp_yy, problem.inner, x, y_eval, batch)
+
+        v, products = self.adjoint().solve(hessian, grad_y_f, key)
+        cross_batch = mb.inner(draws.cross_draw)
+        direction = implicit_hypergradient(problem, x, y_eval, v, grad_x_f, cross_batch)
+        return Estimate(direction, y_new, products)
+
+    def hypergradient(self, problem: BilevelProblem, x, y, mb: Minibatches, k=0, key=None):
+        """``(hypergradient estimate, y after the inner steps)`` from ``y`` (ITD's signature)."""
+        est = self.estimate(problem, x, y, mb, self.step_sizes(k)[1], key)
+        return est.direction, est.y
+
+    def step_counts(self, problem: BilevelProblem, mb: Minibatches, products) -> dict[str, Any]:
+        """The step's calls and samples: from the declared draws and the products made."""
+        draws, adjoint = self.draws(), self.adjoint()
+        unused = draws.hessian - adjoint.draws_used(products)
+        per_draw = batch_count(problem.inner_data, getattr(self, "batch_size", None))
+        return dict(
+            samples_outer=mb.samples_outer,
+            samples_inner=mb.samples_inner - unused * per_draw,
+            grad_f=1,  # both partials of f, fused
+            grad_g=draws.steps,
+            hvp=products,
+            cross=1,
+        )
+
+    def init(self, problem: BilevelProblem, key: jax.Array) -> IterateState:
+        return self.initial_state(problem, key)
+
+    def step(self, problem: BilevelProblem, state: IterateState) -> IterateState:
+        key, batch_key, *adjoint_key = jax.random.split(state.key, 3 if self.keyed_adjoint else 2)
+        mb = self.minibatches(problem, batch_key, outer=1, inner=self.draws().inner)
+        alpha, beta = self.step_sizes(state.k)
+        y = state.y if getattr(self, "warm_start", True) else problem.y0
+        est = self.estimate(problem, state.x, y, mb, beta, *adjoint_key)
+        x, outer_state = self.outer_step(problem, state.x, est.direction, state.outer_state, alpha)
+        counts = state.counts.add(**self.step_counts(problem, mb, est.products))
+        return IterateState(x, est.y, state.k + 1, key, counts, outer_state)
+
+
+# ---- the Ghadimi-Wang stochastic-approximation schedule (TTSA, BSA) ---------------------------
+@dataclasses.dataclass(frozen=True)
+class StochasticApproximation(ImplicitSolver):
+    """What TTSA and BSA share beyond the family: the Hessian-inverse estimate of Ghadimi & Wang
+    (2018, Alg. 3) -- the Neumann sum ("sum") or its randomised product ("random") -- with
+    ``neumann_lr = c_h / L_g`` ("auto" = 1/L_g), and step sizes that decay by a regime:
+    ``alpha_k = alpha_0 (k0/(k+k0))^a``, ``beta_k = beta_0 (k0/(k+k0))^b``.
+
+    Not registered; subclasses declare ``neumann_steps``, ``neumann_lr``, ``hessian_inverse``,
+    ``regime``, ``k0`` and the ``regimes`` table of exponents (a, b).
+    """
+
+    keyed_adjoint: ClassVar[bool] = True
+    regimes: ClassVar[dict[str, tuple[float, float]]] = {"constant": (0.0, 0.0)}
+
+    def adjoint(self) -> Adjoint:
+        kind = RandomNeumann if self.hessian_inverse == "random" else Neumann
+        return kind(lr=self.neumann_lr, num_terms=self.neumann_steps)
+
+    def validate(self) -> None:
+        cls = type(self).__name__
+        n = self.neumann_steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{cls}(neumann_steps=...) must be an int >= 1, got {n!r}.")
+        lr = self.neumann_lr
+        if lr != "auto" and (isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0):
+            raise ValueError(
+                f"{cls}(neumann_lr=...) must be a positive float below 1/L_g or 'auto' (1/L_g "
+                f"from bl.diagnose), got {lr!r}."
+            )
+        if self.hessian_inverse not in ("sum", "random"):
+            raise ValueError(
+                f"{cls}(hessian_inverse={self.hessian_inverse!r}) is unknown; use 'sum' "
+                "(Neumann sum, fixed cost) or 'random' (Ghadimi & Wang's randomised product)."
+            )
+        if self.regime not in self.regimes:
+            raise ValueError(
+                f"{cls}(regime={self.regime!r}) is unknown; use one of {sorted(self.regimes)}."
+            )
+        if not (isinstance(self.k0, int | float) and self.k0 > 0):
+            raise ValueError(f"{cls}(k0=...) must be > 0, got {self.k0!r}.")
+
+    def resolve(self, problem: BilevelProblem):
+        solver = super().resolve(problem)
+        if _is_auto(solver.neumann_lr):
+            from ..diagnose import auto_inner_step
+
+            solver = dataclasses.replace(solver, neumann_lr=auto_inner_step(problem, 1.0))
+        return solver
+
+    def step_sizes(self, k) -> tuple[jax.Array, jax.Array]:
+        """``(alpha_k, beta_k)``: floats decay by the regime's orders, schedules are as given."""
+        kf = jnp.asarray(k, dtype=jnp.result_type(float))
+        a, b = self.regimes[self.regime]
+        ratio = self.k0 / (kf + self.k0)
+
+        def rate(value, power):
+            return value(kf) if callable(value) else value * ratio**power
+
+        return rate(self.lr_outer, a), rate(self.lr_inner, b)
