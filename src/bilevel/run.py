@@ -525,13 +525,19 @@ def _check_arguments(problem, solver, steps, on_divergence, eval_every) -> tuple
             f"solve(solver=...) needs a solver from bl.solvers.make(...), got "
             f"{type(solver).__name__}."
         )
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"solve(steps=...) must be a positive int, got {steps!r}.")
     if on_divergence not in ("warn", "raise"):
         raise ValueError(f"on_divergence must be 'warn' or 'raise', got {on_divergence!r}.")
+    return _check_steps(steps, eval_every)
+
+
+def _check_steps(steps, eval_every, caller: str = "solve") -> tuple[int, int]:
+    """``(steps, every)``, every capped at steps; ``caller`` (``solve``, ``sweep``) names the
+    function in the messages."""
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+        raise ValueError(f"{caller}(steps=...) must be a positive int, got {steps!r}.")
     every = steps if eval_every is None else eval_every
     if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 1:
-        raise ValueError(f"solve(eval_every=...) must be a positive int, got {eval_every!r}.")
+        raise ValueError(f"{caller}(eval_every=...) must be a positive int, got {eval_every!r}.")
     return int(steps), min(int(every), int(steps))
 
 

@@ -26,6 +26,7 @@ from .problem import BilevelProblem
 from .run import (
     _check_convexity,
     _check_seeds,
+    _check_steps,
     _Checkpointer,
     _History,
     _init_states,
@@ -94,7 +95,7 @@ def sweep(
             bad ``steps``/``eval_every``/``max_batch``/``seeds``.
         KeyboardInterrupt: on Ctrl-C or SIGTERM (a sweep keeps no checkpoint).
     """
-    steps, every = _check_steps(steps, eval_every)
+    steps, every = _check_steps(steps, eval_every, caller="sweep")
     seed_list = _check_seeds(None, seeds, caller="sweep")
     fields, points = _grid_points(grid)
     both = [name for name in fields if name in hyperparameters]
@@ -117,16 +118,6 @@ def sweep(
         rows.extend(batch_rows[:n_real])
         diverged.extend(points[idx[i]] | {"seed": s} for i, s in dead if i < n_real)
     return _frame(rows, diverged)
-
-
-def _check_steps(steps, eval_every) -> tuple[int, int]:
-    """``(steps, every)``, every capped at steps (as in ``solve``)."""
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"sweep(steps=...) must be a positive int, got {steps!r}.")
-    every = steps if eval_every is None else eval_every
-    if isinstance(every, bool) or not isinstance(every, int | np.integer) or every < 1:
-        raise ValueError(f"sweep(eval_every=...) must be a positive int, got {eval_every!r}.")
-    return int(steps), min(int(every), int(steps))
 
 
 def _grid_points(grid) -> tuple[list[str], list[dict]]:
