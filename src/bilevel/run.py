@@ -97,15 +97,10 @@ _COMPILED: dict[Any, Any] = {}
 
 
 def _aval_key(tree: PyTree):
+    """A compile-cache key of ``tree`` (problem, state or solver): its treedef (for a solver,
+    the class and static settings) and the avals of its leaves, weak typing included (a Python
+    float and an np.float64 lower to different programs)."""
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple((np.shape(a), str(jnp.asarray(a).dtype)) for a in leaves)
-
-
-def _solver_key(solver: Solver):
-    """The solver's part of a compile-cache key: its treedef (class and static settings) and
-    the avals of its numeric leaves, weak typing included (a Python float and an np.float64
-    lower to different programs)."""
-    leaves, treedef = jax.tree.flatten(solver)
     avals = []
     for leaf in leaves:
         a = jnp.asarray(leaf)
@@ -193,7 +188,7 @@ def _compiled(
         length,
         batched,
         over_grid,
-        _solver_key(solver),
+        _aval_key(solver),
         _aval_key(problem),
         _aval_key(state),
         init,
