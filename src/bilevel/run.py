@@ -391,21 +391,25 @@ class _History:
     def record(self, metrics: dict, counts: Counts, finite, step: int, seconds: float):
         """Add the rows of one evaluation; returns which seeds are finite (and not exploded)."""
         finite = np.atleast_1d(np.asarray(finite)) & ~_exploded(metrics, step, self)
+        # the int32 counters as unsigned values, converted once for all seeds
+        raw = {
+            k: np.atleast_1d(np.asarray(v)).astype(np.int64) & 0xFFFFFFFF
+            for k, v in counts._asdict().items()
+        }
         new_rows = []
         for i, seed in enumerate(self.seeds):
-            totals = self._add_counts(i, counts)
+            totals = self._add_counts(i, raw)
             if self.alive[i] and finite[i]:
                 new_rows.append(self._row(seed, step, seconds, totals, metrics, i))
         self.rows.extend(new_rows)
         return finite
 
-    def _add_counts(self, i: int, counts: Counts) -> dict:
+    def _add_counts(self, i: int, raw: dict[str, np.ndarray]) -> dict:
         t = self.totals[i]
-        for k, v in counts._asdict().items():  # add deltas mod 2^32
-            v = np.atleast_1d(np.asarray(v)).astype(np.int64) & 0xFFFFFFFF
-            raw = int(v[i] if v.size > 1 else v[0])
-            t[k] += (raw - t["raw"].get(k, 0)) % (1 << 32)
-            t["raw"][k] = raw
+        for k, v in raw.items():  # add deltas mod 2^32
+            now = int(v[i] if v.size > 1 else v[0])
+            t[k] += (now - t["raw"].get(k, 0)) % (1 << 32)
+            t["raw"][k] = now
         return t
 
     @staticmethod
