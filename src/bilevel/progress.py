@@ -14,7 +14,8 @@ from typing import Any
 
 __all__ = ["Progress", "format_duration", "format_rate"]
 
-#: metrics shown beside the step count, first present wins
+#: the headline metric, first present wins: shown beside the step count, and the one
+#: ``solve`` watches for a blow-up (``run._exploded``)
 HEADLINE = ("grad_norm", "outer_loss")
 #: the bar shows the headline metric only from this width on
 WIDE = 100

@@ -753,7 +753,6 @@ class _Run:
 
 #: a run whose headline metric grows beyond this factor of its start (and of 1) is diverged
 EXPLOSION_FACTOR = 1e12
-_HEADLINE = ("grad_norm", "outer_loss")
 
 
 def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
@@ -763,7 +762,7 @@ def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
     underflows to 0 stalls at |x| ~ 1e21); they are diverged all the same.
     """
     n_seeds = len(history.seeds)
-    name = next((n for n in _HEADLINE if n in metrics), None)
+    name = next((n for n in _progress.HEADLINE if n in metrics), None)
     if name is None or step == 0:
         return np.zeros(n_seeds, bool)
     values = np.broadcast_to(np.atleast_1d(np.asarray(metrics[name], float)), (n_seeds,))
