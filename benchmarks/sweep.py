@@ -1,15 +1,24 @@
 """``bl.sweep`` against the loop it replaces: a 4 x 4 grid x 5 seeds of F2SA.
 
-On a small stochastic quadratic (dx=5, dy=10, 500 samples, batch 32, 2000 steps, eval_every
-100): one ``bl.sweep`` (one vmapped program for 16 points x 5 seeds) against the loop of 80
-single-seed ``bl.solve`` calls, each wall time from a cold compile cache (compilation included,
-as a user would see it). Prints both times and their ratio; nothing passes or fails on time.
-Run: ``python benchmarks/sweep.py [--steps 2000]``.
+On a small stochastic quadratic (dx=5, dy=10, 500 samples, batch 32, eval_every 100): one
+``bl.sweep`` (one vmapped program for 16 points x 5 seeds) against the loop of 80 single-seed
+``bl.solve`` calls, each from a cold compile cache (compilation included, as a user would see
+it), at two horizons. Also the sweep again with its programs compiled, so that compile time
+and compute can be told apart. Prints times and ratios; nothing passes or fails on time.
+Run: ``python benchmarks/sweep.py [--steps 2000 10000]``.
 
-Measured 2026-11-24 (XLA:CPU, 2 shared cores, a test run beside it): sweep 4.75 s, loop 7.48 s,
-1.6x, short of the issue's 5x. The sweep is compute-bound (3.3 s of its 4.75 s inside the
-compiled chunks, ~20 us per point-step against ~30 us for one unbatched seed): on this CPU the
-80-wide batch of tiny (5 x 10) problems does not amortise much; compilation is ~1.5 s.
+Measured 2026-11-24 (XLA:CPU, 2 cores, single-threaded Eigen as in the tests):
+
+    steps   sweep    (compiled)   loop     loop / sweep
+    2000    2.1 s    0.8 s        7.5 s    3.5x
+    10000   5.9 s    ...          33.4 s   5.7x
+
+The issue's 5x holds once compilation is amortised, not at 2000 steps: the sweep then spends
+~1.3 s of its 2.1 s compiling its three programs (init, chunk, evaluation; the loop compiles
+its own once too) and ~0.7 s computing 160,000 point-steps at ~4.2 us each, against ~20 us per
+step for a lone seed plus ~40 ms of Python per ``solve`` call. Before the grid points shared
+each seed's PRNG key (``run.grid_axes``: one minibatch gather per seed, the points' oracles on
+one shared batch) the sweep took 4.75 s at 2000 steps (1.6x).
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ GRID = {"lr_outer": [0.002, 0.005, 0.01, 0.02], "lr_inner": [0.02, 0.05, 0.1, 0.
 SEEDS = range(5)
 
 
-def time_sweep(problem, steps: int, every: int) -> float:
-    run._COMPILED.clear()
+def time_sweep(problem, steps: int, every: int, cold: bool = True) -> float:
+    if cold:
+        run._COMPILED.clear()
     t0 = time.perf_counter()
     bl.sweep(
         problem,
@@ -53,16 +63,18 @@ def time_loop(problem, steps: int, every: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, nargs="+", default=[2000, 10000])
     parser.add_argument("--eval-every", type=int, default=100)
     args = parser.parse_args()
     problem = bl.problems.quadratic(dx=5, dy=10, stochastic=True, n_samples=500)
     bl.diagnose(problem, warn=False, **run.CONVEXITY_PROBE)  # cached probe: not in either time
-    swept = time_sweep(problem, args.steps, args.eval_every)
-    looped = time_loop(problem, args.steps, args.eval_every)
-    print(f"sweep, 16 points x 5 seeds, one program: {swept:8.2f} s")
-    print(f"loop of 80 single-seed bl.solve calls:   {looped:8.2f} s")
-    print(f"ratio loop / sweep: {looped / swept:.1f}x")
+    print("16 points x 5 seeds of F2SA; times in seconds, compilation included")
+    print(f"{'steps':>7} {'sweep':>8} {'(compiled)':>11} {'loop of 80':>11} {'loop/sweep':>11}")
+    for steps in args.steps:
+        swept = time_sweep(problem, steps, args.eval_every)
+        warm = time_sweep(problem, steps, args.eval_every, cold=False)
+        looped = time_loop(problem, steps, args.eval_every)
+        print(f"{steps:>7} {swept:>8.2f} {warm:>11.2f} {looped:>11.2f} {looped / swept:>10.1f}x")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,35 @@ def test_a_point_equals_a_separate_solve(problem, swept, point):
             np.testing.assert_allclose(got[column], expected[column], rtol=1e-12, err_msg=column)
 
 
+def test_a_diverging_point_keeps_its_rows_and_the_others_match_solve(problem):
+    """A point that blows up stops (its seeds keep their last finite rows) while the PRNG key
+    its neighbours share moves on: the healthy point still equals its own ``bl.solve``."""
+    grid = {"lr_outer": [0.02, 1e4]}
+    run = dict(seeds=[0, 1], steps=60, eval_every=20, progress=False)
+    df = bl.sweep(problem, "stocbio", grid=grid, batch_size=16, **run)
+    assert df.attrs["diverged"] == [{"lr_outer": 1e4, "seed": 0}, {"lr_outer": 1e4, "seed": 1}]
+    assert df[df.lr_outer == 1e4].step.max() < 60  # stopped at its last finite evaluation
+    solver = bl.solvers.make("stocbio", lr_outer=0.02, batch_size=16)
+    expected = bl.solve(problem, solver, **run).history.sort_values(["seed", "step"])
+    got = df[df.lr_outer == 0.02].reset_index(drop=True)
+    np.testing.assert_allclose(got["x_err"], expected["x_err"].to_numpy(), rtol=1e-12)
+
+
+def test_a_random_adjoint_draws_the_same_numbers_as_solve(problem):
+    """TTSA's randomised Neumann product splits a key per step: shared across points, each
+    point still sees exactly the draws (and Hessian-product counts) of its own solve."""
+    grid = {"lr_outer": [0.01, 0.03]}
+    run = dict(seeds=[0, 1], steps=40, eval_every=20, progress=False)
+    hyper = dict(batch_size=16, hessian_inverse="random", neumann_steps=5)
+    df = bl.sweep(problem, "ttsa", grid=grid, **hyper, **run)
+    for lr in grid["lr_outer"]:
+        solver = bl.solvers.make("ttsa", lr_outer=lr, **hyper)
+        expected = bl.solve(problem, solver, **run).history.sort_values(["seed", "step"])
+        got = df[df.lr_outer == lr].reset_index(drop=True)
+        np.testing.assert_array_equal(got["oracle_calls"], expected["oracle_calls"].to_numpy())
+        np.testing.assert_allclose(got["x_err"], expected["x_err"].to_numpy(), rtol=1e-12)
+
+
 def test_chunked_sweep_equals_one_program(problem, swept):
     """max_batch=3 splits the 4 points into two batches of 2 (padded equal shapes)."""
     chunked = bl.sweep(problem, "f2sa", grid=GRID, max_batch=3, **RUN)

@@ -202,10 +202,52 @@ def _compiled(
         else:  # "init": ``state`` holds the PRNG keys
             raw = _make_init(batched, init)
         if over_grid:
-            raw = jax.vmap(raw, in_axes=(0, None, 0))
+            raw = _over_grid(raw, kind, solver, problem, state)
         fn = jax.jit(raw).lower(solver, problem, state).compile()
         _COMPILED[key] = fn
     return functools.partial(fn, solver)
+
+
+def grid_axes(state):
+    """The vmap axes of a sweep's state over its grid points: none for the PRNG key (a state
+    field named ``key``), 0 for everything else.
+
+    Every grid point runs a seed with that seed's key, so the key -- and with it every
+    minibatch index -- is the same for all points. Left unbatched, each minibatch is gathered
+    once per seed instead of once per point, and the points' oracles run on one shared batch
+    (matrix products instead of one matrix-vector product per point): measured 2026-11-24 on
+    F2SA, quadratic dx 5 / dy 10, batch 32, 16 points x 5 seeds, 17.7 -> 9 us per point-step.
+    States without a ``key`` field are mapped whole (correct, only slower).
+    """
+    fields = getattr(state, "_fields", None)
+    if fields is None or "key" not in fields:
+        return 0
+    return type(state)(*(None if name == "key" else 0 for name in fields))
+
+
+def _over_grid(raw, kind: str, solver: Solver, problem: BilevelProblem, state):
+    """``raw`` vmapped over the leading grid axis of the solver's leaves and of the state
+    (:func:`grid_axes`); the ``init`` program takes the seeds' keys without that axis."""
+    if kind == "init":
+        point = jax.tree.map(lambda a: a[0], solver)
+        axes = grid_axes(jax.eval_shape(raw, point, problem, state))
+        return jax.vmap(raw, in_axes=(0, None, None), out_axes=axes)
+    axes = grid_axes(state)
+    if kind == "eval":
+        return jax.vmap(raw, in_axes=(0, None, axes))
+    mapped = jax.vmap(raw, in_axes=(0, None, axes), out_axes=axes)
+
+    def chunk(solver, problem, state):
+        try:
+            return mapped(solver, problem, state)
+        except ValueError as err:  # out_axes=None on a key that came out mapped
+            raise ValueError(
+                f"sweep: {type(solver).__name__}.step makes its PRNG key depend on the swept "
+                "hyperparameters; a sweep shares each seed's key across grid points (the "
+                "state's `key` must evolve from the key alone)."
+            ) from err
+
+    return chunk
 
 
 def _init_states(
@@ -220,10 +262,7 @@ def _init_states(
     points) every point starts from the same seeds' keys, so point i runs what ``solve``
     with that point's solver would run."""
     keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
-    keys = keys if batched else keys[0]
-    if n_points is not None:
-        keys = np.broadcast_to(keys, (n_points, *keys.shape))
-    keys = jnp.asarray(keys)
+    keys = jnp.asarray(keys if batched else keys[0])  # over a grid: shared (grid_axes)
     over_grid = n_points is not None
     program = _compiled("init", solver, problem, keys, 0, batched, init, over_grid)
     return program(problem, keys)
@@ -774,7 +813,8 @@ def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
 def _keep_good(new_state, old_state, alive: np.ndarray, batched: bool):
     """Seeds that diverged keep their last finite state (so nothing computed is lost).
 
-    ``alive`` has the state's leading axes: (seed,) or, in a sweep, (point, seed).
+    ``alive`` has the state's leading axes: (seed,) or, in a sweep, (point, seed); there the
+    PRNG key shared by the points (:func:`grid_axes`) moves on (it is not a point's result).
     """
     if alive.all():
         return new_state
@@ -785,4 +825,14 @@ def _keep_good(new_state, old_state, alive: np.ndarray, batched: bool):
     def pick(n, o):
         return jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - mask.ndim)), n, o)
 
-    return jax.tree.map(pick, new_state, old_state)
+    if alive.ndim == 1:
+        return jax.tree.map(pick, new_state, old_state)
+    axes = grid_axes(new_state)
+    if axes == 0:
+        return jax.tree.map(pick, new_state, old_state)
+    return type(new_state)(
+        *(
+            n if ax is None else jax.tree.map(pick, n, o)
+            for n, o, ax in zip(new_state, old_state, axes, strict=True)
+        )
+    )
