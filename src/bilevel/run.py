@@ -101,11 +101,19 @@ def _aval_key(tree: PyTree):
     the class and static settings) and the avals of its leaves, weak typing included (a Python
     float and an np.float64 lower to different programs)."""
     leaves, treedef = jax.tree.flatten(tree)
-    avals = []
-    for leaf in leaves:
-        a = jnp.asarray(leaf)
-        avals.append((a.shape, str(a.dtype), a.weak_type))
-    return treedef, tuple(avals)
+    return treedef, tuple(_leaf_aval(leaf) for leaf in leaves)
+
+
+def _leaf_aval(leaf) -> tuple:
+    """``(shape, dtype, weak_type)`` without converting arrays: ``jnp.asarray`` on every leaf
+    of the problem (its data included) cost ~0.5 ms per program lookup, 40% of a short
+    ``solve``'s Python time (measured 2026-11-24, 2000 steps in 20 chunks)."""
+    if isinstance(leaf, jax.Array):
+        return leaf.shape, str(leaf.dtype), bool(leaf.weak_type)
+    if isinstance(leaf, np.ndarray | np.generic):
+        return leaf.shape, str(leaf.dtype), False
+    a = jnp.asarray(leaf)  # Python scalars (weakly typed) and anything else array-like
+    return a.shape, str(a.dtype), a.weak_type
 
 
 def _float_leaves_finite(state) -> jax.Array:
