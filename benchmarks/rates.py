@@ -16,7 +16,8 @@ do better, so "measured <= theory" (more negative) is consistent with the theory
   gamma_k ~ k^-3/5 give E||grad F||^2 = O(log(k) k^-2/5) (the theorem bounds the minimum over
   t <= k; the last iterate is measured).
 * SABA (same paper, Theorem 2): constant steps on the finite-sum quadratic give
-  1/K sum_{k<K} E||grad F(x_k)||^2 = O(1/K): the running mean over the run, slope -1.
+  1/K sum_{k<K} E||grad F(x_k)||^2 = O(1/K): the running mean over the run (a left Riemann sum
+  over the evaluations, every K/64 steps), slope -1.
 
 Writes ``docs/rates.md`` (``--out``) with the measured slope beside the theory's. Run:
 ``python benchmarks/rates.py [--seeds 10] [--steps 20000]``.
@@ -63,8 +64,9 @@ def fit_slope(
     stats = history.groupby("step")[column].apply(
         lambda v: np.mean(np.asarray(v) ** 2) if squared else np.mean(v)
     )
-    if running:  # evaluations are evenly spaced in k: their running mean is the run's average
-        stats = stats.cumsum() / np.arange(1, len(stats) + 1)
+    if running:  # (1/k) sum_{t<k}: left Riemann sum over the evenly spaced evaluations
+        spacing = float(stats.index[1] - stats.index[0])
+        stats = stats.cumsum().shift(1) * spacing / stats.index.to_numpy(float)
     stats = stats[(stats.index >= k_min) & (stats.index > 0)]
     k, v = np.log(stats.index.to_numpy(float)), np.log(stats.to_numpy(float))
     ok = np.isfinite(v)
