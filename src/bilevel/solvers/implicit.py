@@ -18,9 +18,13 @@ Every method of the family runs, per outer iteration k (:meth:`ImplicitSolver.st
 4. outer step ``x_{k+1} = Proj_X(x_k - alpha_k P(h))`` (:meth:`Solver.outer_step`).
 
 A preset declares only what differs: its fields, the strategy (:meth:`ImplicitSolver.adjoint`),
-and two class-level switches for the papers' schedules -- ``two_timescale`` (TTSA, Hong et al.
-2020: one y step evaluated at (x_k, y_k), applied together with the x step) and ``keyed_adjoint``
-(TTSA, BSA: the step splits a key for the randomised Hessian inverse, whichever estimator runs).
+and class-level switches for the papers' schedules -- ``two_timescale`` (TTSA, Hong et al.
+2020; SOBA, Dagreou et al. 2022: one y step, every direction evaluated at the step's start
+(x_k, y_k[, v_k]), all updates applied together), ``hessian_shares_step`` (SOBA: the Hessian
+product uses the y step's inner sample) and ``keyed_adjoint`` (TTSA, BSA: the step splits a key
+for the randomised Hessian inverse, whichever estimator runs). A strategy that keeps its own
+iterate across steps (:class:`LinearSystemStep`, SOBA's "one SGD step on the linear system")
+is warm-started from the v carried in an :class:`AdjointState`.
 
 Minibatches: one ``self.minibatches`` call per step, with the inner draws laid out by
 :class:`Draws` (T steps, then the adjoint's Hessian samples, then the cross term's) and one outer
@@ -35,6 +39,8 @@ References:
     Computation." ICML 2020.
     Hong, Wai, Wang, Yang. "A Two-Timescale Stochastic Algorithm Framework for Bilevel
     Optimization." SIAM J. Optim. 2023 (arXiv:2007.05170).
+    Dagreou, Ablin, Vaiter, Moreau. "A framework for bilevel optimization that enables stochastic
+    and global variance reduction algorithms." NeurIPS 2022 (arXiv:2201.13409).
 """
 
 from __future__ import annotations
@@ -49,11 +55,11 @@ import jax
 import jax.numpy as jnp
 
 from .. import linsolve, oracles
-from .._tree import tree_axpy
+from .._tree import tree_axpy, tree_sub, tree_zeros_like
 from ..problem import BilevelProblem
 from ..sampling import Minibatches, batch_count
 from ..schedules import as_schedule
-from .base import IterateState, Solver, _is_auto
+from .base import IterateState, OuterState, Solver, _is_auto
 from .common import implicit_hypergradient, inner_sgd
 
 PyTree = Any
@@ -66,6 +72,8 @@ __all__ = [
     "FixedPoint",
     "Neumann",
     "RandomNeumann",
+    "LinearSystemStep",
+    "AdjointState",
     "Draws",
     "Estimate",
     "ImplicitSolver",
@@ -80,7 +88,12 @@ class Adjoint(abc.ABC):
 
     ``draws`` Hessian samples are declared per step; ``solve`` returns ``(v, products)`` with
     ``products`` the Hessian-vector products it evaluated (a traced int for random strategies).
+    ``v0`` is the previous step's v, given to every strategy; only those that carry an iterate
+    (``carries_iterate``) start from it, the others solve from scratch and ignore it.
     """
+
+    #: whether v persists across steps (then the solver's state is an :class:`AdjointState`)
+    carries_iterate: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -88,8 +101,14 @@ class Adjoint(abc.ABC):
         """Hessian samples (inner minibatches) the strategy declares per step."""
 
     @abc.abstractmethod
-    def solve(self, hessian: HessianSamples, rhs: PyTree, key) -> tuple[PyTree, Any]:
-        """``(v, products)``; sample j's product is ``hessian(j)(v)``."""
+    def solve(self, hessian: HessianSamples, rhs: PyTree, key, v0=None) -> tuple[PyTree, Any]:
+        """``(v, products)``; sample j's product is ``hessian(j)(v)``; ``v0`` the warm start."""
+
+    def at_inner_step(self, beta) -> Adjoint:
+        """The strategy for a step whose inner step size is ``beta`` (itself, unless its own
+        step size is tied to the inner one, as in SOBA)."""
+        del beta
+        return self
 
     def draws_used(self, products) -> Any:
         """Declared samples actually used (all, unless a random strategy stops early)."""
@@ -110,8 +129,8 @@ class _Krylov(Adjoint):
     def draws(self) -> int:
         return self.num_iters if self.fresh else 1
 
-    def solve(self, hessian, rhs, key):
-        del key
+    def solve(self, hessian, rhs, key, v0=None):
+        del key, v0  # from v = 0 every step
         if self.fresh:
             return self.run(lambda v, i: hessian(i)(v), rhs, indexed=True), self.num_iters
         return self.run(hessian(0), rhs, indexed=False), self.num_iters
@@ -155,8 +174,8 @@ class Neumann(Adjoint):
     def draws(self) -> int:
         return self.num_terms - 1
 
-    def solve(self, hessian, rhs, key):
-        del key
+    def solve(self, hessian, rhs, key, v0=None):
+        del key, v0
 
         def factor(v, q):  # q = 1..N-1: factor q uses Hessian sample q - 1
             return hessian(q - 1)(v)
@@ -171,7 +190,8 @@ class RandomNeumann(Neumann):
     ``v = N eta prod_{j=1}^{p} (I - eta H_j) rhs`` with ``p ~ U{0, ..., N-1}`` from ``key``, so
     p products (traced). Same mean as :class:`Neumann`."""
 
-    def solve(self, hessian, rhs, key):
+    def solve(self, hessian, rhs, key, v0=None):
+        del v0
         p = jax.random.randint(key, (), 0, self.num_terms)
 
         def factor(j, v):  # j = 0..p-1
@@ -184,26 +204,75 @@ class RandomNeumann(Neumann):
         return products
 
 
+@dataclasses.dataclass(frozen=True)
+class LinearSystemStep(Adjoint):
+    r"""One stochastic gradient step on the linear system ``H v = rhs``, warm-started from the
+    previous step's v (SOBA, Dagreou et al., NeurIPS 2022, Sec. 2: the direction
+    ``D_v = H v - rhs`` is the gradient of ``1/2 v'Hv - rhs'v``)::
+
+        v_{k+1} = v_k - lr (H_i v_k - rhs)
+
+    One Hessian sample, one product. ``lr=None`` (SOBA) ties the step to the inner step size
+    rho_k of the step (the paper moves y and v with the same rho_t).
+    """
+
+    lr: Any = None
+
+    carries_iterate: ClassVar[bool] = True
+
+    @property
+    def draws(self) -> int:
+        return 1
+
+    def at_inner_step(self, beta) -> LinearSystemStep:
+        return self if self.lr is not None else dataclasses.replace(self, lr=beta)
+
+    def update(self, v, hessian_v, rhs) -> PyTree:
+        """``v - lr (H v - rhs)`` given the product ``H v`` (SABA feeds SAGA estimates here)."""
+        return tree_axpy(-self.lr, tree_sub(hessian_v, rhs), v)
+
+    def solve(self, hessian, rhs, key, v0=None):
+        del key
+        v = tree_zeros_like(rhs) if v0 is None else v0
+        return self.update(v, hessian(0)(v), rhs), 1
+
+
 # ---- the estimator -----------------------------------------------------------------------------
 class Draws(NamedTuple):
     """The inner minibatches of one step, in order: ``steps`` for the inner (S)GD steps, then the
     adjoint's ``hessian`` samples, then the cross term's own draw -- or, when
-    ``cross_shares_step``, the cross term reuses inner draw 0 (TTSA's phi^k, STABLE eq. (7b))."""
+    ``cross_shares_step``, the cross term reuses inner draw 0 (TTSA's phi^k, STABLE eq. (7b)),
+    and when ``hessian_shares_step``, Hessian sample j reuses inner draw j (SOBA's single
+    sample i for the y-gradient, the Hessian and the cross term; needs hessian <= steps)."""
 
     steps: int
     hessian: int
     cross_shares_step: bool = False
+    hessian_shares_step: bool = False
 
     @property
     def inner(self) -> int:
-        return self.steps + self.hessian + (0 if self.cross_shares_step else 1)
+        own_hessian = 0 if self.hessian_shares_step else self.hessian
+        return self.steps + own_hessian + (0 if self.cross_shares_step else 1)
 
     def hessian_draw(self, j):
-        return self.steps + j
+        return j if self.hessian_shares_step else self.steps + j
 
     @property
     def cross_draw(self) -> int:
         return 0 if self.cross_shares_step else self.steps + self.hessian
+
+
+class AdjointState(NamedTuple):
+    """The state of an implicit method whose adjoint strategy carries its iterate v (SOBA)."""
+
+    x: PyTree  # upper iterate x_k
+    y: PyTree  # inner iterate (the method's estimate of y*(x_k))
+    v: PyTree  # adjoint iterate, estimate of [d2g/dy2]^{-1} grad_y f at (x_k, y_k)
+    k: jax.Array  # iteration count
+    key: jax.Array  # PRNG key
+    counts: oracles.Counts  # samples and oracle calls so far
+    outer_state: OuterState  # the outer optimiser's state
 
 
 class Estimate(NamedTuple):
@@ -212,6 +281,7 @@ class Estimate(NamedTuple):
     direction: PyTree  # grad_x f - d2g/dxdy v, at (x_k, y_eval)
     y: PyTree  # the inner iterate after the step's inner (S)GD steps
     products: Any  # Hessian-vector products of the adjoint (int, or traced)
+    v: PyTree = None  # the adjoint's new iterate, for a strategy that carries one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,19 +297,50 @@ class ImplicitSolver(Solver):
     two_timescale: ClassVar[bool] = False
     #: split a third key per step for the adjoint (TTSA/BSA, whichever estimator they run)
     keyed_adjoint: ClassVar[bool] = False
+    #: the adjoint's Hessian samples reuse the inner steps' draws (SOBA's single sample i)
+    hessian_shares_step: ClassVar[bool] = False
+    #: step-size regimes {name: (a, b)} of a preset with ``regime`` and ``k0`` fields: float
+    #: steps decay as alpha_k = alpha_0 (k0/(k+k0))^a, beta_k = beta_0 (k0/(k+k0))^b; empty =
+    #: floats are constant steps
+    regimes: ClassVar[dict[str, tuple[float, float]]] = {}
 
     @abc.abstractmethod
     def adjoint(self) -> Adjoint:
         """The strategy for ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (built from the fields)."""
 
     def step_sizes(self, k) -> tuple[Any, Any]:
-        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k."""
-        return as_schedule(self.lr_outer)(k), as_schedule(self.lr_inner)(k)
+        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k; with ``regimes``,
+        floats decay by the regime's orders, schedules are as given."""
+        if not self.regimes:
+            return as_schedule(self.lr_outer)(k), as_schedule(self.lr_inner)(k)
+        kf = jnp.asarray(k, dtype=jnp.result_type(float))
+        a, b = self.regimes[self.regime]
+        ratio = self.k0 / (kf + self.k0)
+
+        def rate(value, power):
+            return value(kf) if callable(value) else value * ratio**power
+
+        return rate(self.lr_outer, a), rate(self.lr_inner, b)
+
+    def _check_regime(self) -> None:
+        """``regime`` is one of ``regimes`` and ``k0 > 0``."""
+        cls = type(self).__name__
+        if self.regime not in self.regimes:
+            raise ValueError(
+                f"{cls}(regime={self.regime!r}) is unknown; use one of {sorted(self.regimes)}."
+            )
+        if not (isinstance(self.k0, int | float) and self.k0 > 0):
+            raise ValueError(f"{cls}(k0=...) must be > 0, got {self.k0!r}.")
 
     def draws(self) -> Draws:
         """The step's inner-draw layout (declared from T and the strategy)."""
         steps = 1 if self.two_timescale else self.inner_steps
-        return Draws(steps, self.adjoint().draws, cross_shares_step=self.two_timescale)
+        return Draws(
+            steps,
+            self.adjoint().draws,
+            cross_shares_step=self.two_timescale,
+            hessian_shares_step=self.hessian_shares_step,
+        )
 
     def _adjoint_lr(self, name: str) -> Any:
         """Field ``name`` (an adjoint step size), or ``lr_inner`` when it is None."""
@@ -258,9 +359,12 @@ class ImplicitSolver(Solver):
         ):
             raise ValueError(f"{cls}({name}=...) must be a positive float, got {value!r}.")
 
-    def estimate(self, problem: BilevelProblem, x, y, mb: Minibatches, beta, key=None) -> Estimate:
-        """Steps 1-3 of the module docstring on the draws of ``mb`` (laid out by :meth:`draws`)."""
-        draws = self.draws()
+    def estimate(
+        self, problem: BilevelProblem, x, y, mb: Minibatches, beta, key=None, v=None
+    ) -> Estimate:
+        """Steps 1-3 of the module docstring on the draws of ``mb`` (laid out by :meth:`draws`);
+        ``v`` is the carried adjoint iterate (None when the strategy carries none)."""
+        draws, adjoint = self.draws(), self.adjoint().at_inner_step(beta)
         y_new = inner_sgd(problem, mb, x, y, beta, draws.steps)
         y_eval = y if self.two_timescale else y_new  # TTSA (7): both updates at (x^k, y^k)
         grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y_eval, mb.outer(0))
@@ -269,10 +373,12 @@ class ImplicitSolver(Solver):
             batch = mb.inner(draws.hessian_draw(j))
             return functools.partial(oracles.hvp_yy, problem.inner, x, y_eval, batch)
 
-        v, products = self.adjoint().solve(hessian, grad_y_f, key)
+        v_new, products = adjoint.solve(hessian, grad_y_f, key, v)
+        # two timescales: every direction at the step's start, so the carried v_k (SOBA)
+        v_eval = v if self.two_timescale and adjoint.carries_iterate else v_new
         cross_batch = mb.inner(draws.cross_draw)
-        direction = implicit_hypergradient(problem, x, y_eval, v, grad_x_f, cross_batch)
-        return Estimate(direction, y_new, products)
+        direction = implicit_hypergradient(problem, x, y_eval, v_eval, grad_x_f, cross_batch)
+        return Estimate(direction, y_new, products, v_new if adjoint.carries_iterate else None)
 
     def hypergradient(self, problem: BilevelProblem, x, y, mb: Minibatches, k=0, key=None):
         """``(hypergradient estimate, y after the inner steps)`` from ``y`` (ITD's signature)."""
@@ -282,7 +388,8 @@ class ImplicitSolver(Solver):
     def step_counts(self, problem: BilevelProblem, mb: Minibatches, products) -> dict[str, Any]:
         """The step's calls and samples: from the declared draws and the products made."""
         draws, adjoint = self.draws(), self.adjoint()
-        unused = draws.hessian - adjoint.draws_used(products)
+        # samples a random strategy declared but did not use (none when they are the steps')
+        unused = 0 if draws.hessian_shares_step else draws.hessian - adjoint.draws_used(products)
         per_draw = batch_count(problem.inner_data, getattr(self, "batch_size", None))
         return dict(
             samples_outer=mb.samples_outer,
@@ -293,17 +400,24 @@ class ImplicitSolver(Solver):
             cross=1,
         )
 
-    def init(self, problem: BilevelProblem, key: jax.Array) -> IterateState:
-        return self.initial_state(problem, key)
+    def init(self, problem: BilevelProblem, key: jax.Array) -> IterateState | AdjointState:
+        state = self.initial_state(problem, key)
+        if not self.adjoint().carries_iterate:
+            return state
+        # v_0 = 0 (benchopt's SOBA; the paper leaves v_0 free)
+        return AdjointState(state.x, state.y, tree_zeros_like(state.y), *state[2:])
 
-    def step(self, problem: BilevelProblem, state: IterateState) -> IterateState:
+    def step(self, problem: BilevelProblem, state):
         key, batch_key, *adjoint_key = jax.random.split(state.key, 3 if self.keyed_adjoint else 2)
         mb = self.minibatches(problem, batch_key, outer=1, inner=self.draws().inner)
         alpha, beta = self.step_sizes(state.k)
         y = state.y if getattr(self, "warm_start", True) else problem.y0
-        est = self.estimate(problem, state.x, y, mb, beta, *adjoint_key)
+        v = getattr(state, "v", None)
+        est = self.estimate(problem, state.x, y, mb, beta, *adjoint_key, v=v)
         x, outer_state = self.outer_step(problem, state.x, est.direction, state.outer_state, alpha)
         counts = state.counts.add(**self.step_counts(problem, mb, est.products))
+        if est.v is not None:
+            return AdjointState(x, est.y, est.v, state.k + 1, key, counts, outer_state)
         return IterateState(x, est.y, state.k + 1, key, counts, outer_state)
 
 
@@ -342,12 +456,7 @@ class StochasticApproximation(ImplicitSolver):
                 f"{cls}(hessian_inverse={self.hessian_inverse!r}) is unknown; use 'sum' "
                 "(Neumann sum, fixed cost) or 'random' (Ghadimi & Wang's randomised product)."
             )
-        if self.regime not in self.regimes:
-            raise ValueError(
-                f"{cls}(regime={self.regime!r}) is unknown; use one of {sorted(self.regimes)}."
-            )
-        if not (isinstance(self.k0, int | float) and self.k0 > 0):
-            raise ValueError(f"{cls}(k0=...) must be > 0, got {self.k0!r}.")
+        self._check_regime()
 
     def resolve(self, problem: BilevelProblem):
         solver = super().resolve(problem)
@@ -356,14 +465,3 @@ class StochasticApproximation(ImplicitSolver):
 
             solver = dataclasses.replace(solver, neumann_lr=auto_inner_step(problem, 1.0))
         return solver
-
-    def step_sizes(self, k) -> tuple[jax.Array, jax.Array]:
-        """``(alpha_k, beta_k)``: floats decay by the regime's orders, schedules are as given."""
-        kf = jnp.asarray(k, dtype=jnp.result_type(float))
-        a, b = self.regimes[self.regime]
-        ratio = self.k0 / (kf + self.k0)
-
-        def rate(value, power):
-            return value(kf) if callable(value) else value * ratio**power
-
-        return rate(self.lr_outer, a), rate(self.lr_inner, b)
