@@ -90,7 +90,7 @@ class IBCG(Solver):
         gamma_rule: ``"convex"`` (l convex, Theorem 4.1: gamma = log K / K) or ``"nonconvex"``
             (Theorem 4.3: gamma = 1/sqrt(K), the default since it assumes nothing).
         horizon: K, the run's length, for ``lr_outer="auto"``; ``None``: ``bl.solve`` fills in
-            its ``steps``. Must be >= 2 (log 1 = 0).
+            its ``steps``. Must be >= 2 when it sets gamma (log 1 = 0).
         batch_size: minibatch size of every oracle (None = full data).
         hessian_inverse: ``"recursion"`` (line 4, one HVP) or ``"exact"`` (w_{k+1} =
             [d2g/dy2(x_k, y_k)]^{-1} grad_y f by a dense solve, O(m^3): the eq. (6) scheme).
@@ -140,8 +140,8 @@ class IBCG(Solver):
             )
         h = self.horizon
         number = isinstance(h, int | float) and not isinstance(h, bool)
-        if h is not None and not (number and h >= 2):
-            raise ValueError(f"{cls}(horizon={h!r}) must be a number >= 2 (log 1 = 0) or None.")
+        if h is not None and not (number and h >= 1):
+            raise ValueError(f"{cls}(horizon={h!r}) must be a number of steps >= 1 or None.")
         if self.outer_optimizer != "sgd":
             raise ValueError(
                 f"{cls}(outer_optimizer={self.outer_optimizer!r}): a Frank-Wolfe step is the "
@@ -156,6 +156,11 @@ class IBCG(Solver):
                 raise ValueError(
                     "IBCG(lr_outer='auto') is the paper's gamma for the horizon K: give "
                     "horizon=K (bl.solve fills it with steps) or lr_outer as a number."
+                )
+            if self.horizon < 2:  # spec pitfall 5: log K / K = 0 at K = 1
+                raise ValueError(
+                    f"IBCG(lr_outer='auto') needs a horizon K >= 2 (log 1 = 0), got "
+                    f"{self.horizon:g}; run more steps or give lr_outer."
                 )
             changes["lr_outer"] = horizon_step(float(self.horizon), self.gamma_rule)
         if _is_auto(self.lr_inner) or _is_auto(self.lr_adjoint):
