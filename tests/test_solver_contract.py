@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from solver_settings import problem_for
 
 import bilevel as bl
 from bilevel.solvers.base import Solver
@@ -45,6 +46,7 @@ def _assert_trees_equal(a, b) -> None:
 def test_solver_is_a_jit_argument_and_new_step_sizes_reuse_the_program(name, problem):
     """The contract snippet: the second call (lr_outer replaced) traces nothing new, and it
     used the new value: bit-identical to a solver built with lr_outer=0.02 from the start."""
+    problem = problem_for(name, problem)
     traces = []
 
     def step_fn(s, st):
@@ -68,7 +70,8 @@ def test_solver_is_a_jit_argument_and_new_step_sizes_reuse_the_program(name, pro
 
 @pytest.mark.parametrize("name", [n for n in NAMES if bl.solvers.get(n)().lr_inner == "auto"])
 def test_unresolved_solver_is_refused_with_a_clear_message(name, problem):
-    solver = _make(name)
+    problem = problem_for(name, problem)
+    solver = _make(name).with_horizon(100)  # as bl.solve does (IBCG's gamma needs K)
     message = r"lr_inner='auto'.* not resolved: call solver = solver\.resolve\(problem\)"
     with pytest.raises(ValueError, match=message):
         solver.init(problem, jax.random.key(0))
@@ -151,6 +154,7 @@ def test_a_solver_built_under_jit_from_a_traced_value(problem):
 def test_vmap_over_a_batch_of_lr_outer(name, problem):
     """A stack of solvers that differ in lr_outer is one vmapped step, equal to the separate
     steps (float64 batched kernels may sum in another order: 1e-12 relative)."""
+    problem = problem_for(name, problem)
     solver = _make(name, lr_outer=0.05).resolve(problem)
     solvers = [dataclasses.replace(solver, lr_outer=lr) for lr in (0.01, 0.02, 0.05)]
     batch = jax.tree.map(lambda *v: jnp.stack([jnp.asarray(a) for a in v]), *solvers)

@@ -2,7 +2,8 @@
 
 Convergence on the closed-form quadratic, no recompilation on a second solve, seeds as one
 vmapped program equal to separate runs, pytree (nested dict) variables, exact call accounting,
-and a clear stop when a run diverges.
+and a clear stop when a run diverges. Frank-Wolfe methods get the same problems inside a ball
+that contains x* (``solver_settings.problem_for``).
 """
 
 import logging
@@ -10,7 +11,7 @@ import logging
 import jax
 import numpy as np
 import pytest
-from solver_settings import drop, settings
+from solver_settings import diverging, drop, frank_wolfe, problem_for, settings
 
 import bilevel as bl
 
@@ -39,6 +40,7 @@ def _final(res, col="grad_norm"):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converges_on_quadratic(name, quad):
+    quad = problem_for(name, quad)
     res = bl.solve(
         quad, bl.solvers.make(name, **settings(name)), steps=200, eval_every=50, progress=False
     )
@@ -48,6 +50,7 @@ def test_converges_on_quadratic(name, quad):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_recompilation_on_second_solve(name, quad, caplog):
+    quad = problem_for(name, quad)
     solver = bl.solvers.make(name, **settings(name))
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
         bl.solve(quad, solver, steps=20, eval_every=10, progress=False)
@@ -68,6 +71,7 @@ _ALREADY_COMPILED = set()  # a previous test may have compiled this exact progra
 def test_other_step_sizes_reuse_the_compilation(name, quad, caplog):
     """Numeric step sizes are arguments of the compiled program (a grid compiles once), and the
     values passed in are the ones used: halving them changes the trajectory."""
+    quad = problem_for(name, quad)
     base = settings(name)
     halved = {
         k: v / 2
@@ -88,6 +92,7 @@ def test_other_step_sizes_reuse_the_compilation(name, quad, caplog):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_seeds_vmap_equals_separate_runs(name, quad_sto):
+    quad_sto = problem_for(name, quad_sto)
     solver = bl.solvers.make(name, **settings(name) | {"batch_size": 16})
     many = bl.solve(quad_sto, solver, steps=30, seeds=[3, 5], eval_every=10, progress=False)
     x_many = jax.tree.leaves(many.x)[0]
@@ -102,6 +107,7 @@ def test_seeds_vmap_equals_separate_runs(name, quad_sto):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_pytree_variables(name, quad, quad_tree):
+    quad, quad_tree = problem_for(name, quad), problem_for(name, quad_tree)
     solver = bl.solvers.make(name, **settings(name))
     flat = bl.solve(quad, solver, steps=50, eval_every=25, progress=False)
     tree = bl.solve(quad_tree, solver, steps=50, eval_every=25, progress=False)
@@ -112,6 +118,7 @@ def test_pytree_variables(name, quad, quad_tree):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_counts_are_per_step_constant(name, quad_sto):
+    quad_sto = problem_for(name, quad_sto)
     solver = bl.solvers.make(name, **settings(name) | {"batch_size": 8})
     res = bl.solve(quad_sto, solver, steps=20, eval_every=5, progress=False)
     h = res.history.set_index("step")
@@ -123,7 +130,8 @@ def test_counts_are_per_step_constant(name, quad_sto):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_divergence_is_reported_and_history_kept(name, quad):
-    solver = bl.solvers.make(name, **settings(name) | {"lr_outer": 1e4})
+    quad = problem_for(name, quad)
+    solver = bl.solvers.make(name, **settings(name) | diverging(name))
     with pytest.warns(bl.DivergenceWarning, match=rf"{name} diverged.*step sizes"):
         res = bl.solve(quad, solver, steps=400, eval_every=5, progress=False)
     assert res.diverged == [0] and not res.ok
@@ -138,15 +146,26 @@ def test_divergence_is_reported_and_history_kept(name, quad):
 def test_records_the_norm_of_its_hypergradient_estimate(name, quad):
     """``hypergrad_estimate_norm`` is the norm of the direction of the last outer step: with
     plain steps on an unconstrained problem, x_1 = x_0 - lr_0 * direction, so it must equal
-    ||x_1 - x_0|| / lr_0 (and be 0 at step 0, before any direction exists)."""
+    ||x_1 - x_0|| / lr_0 (and be 0 at step 0, before any direction exists).
+
+    A Frank-Wolfe method moves x_1 = x_0 + gamma (s_0 - x_0) instead, with s_0 = -R F/||F|| the
+    LMO of the ball around x_0 = 0: ||x_1 - x_0|| = gamma R carries no norm, but its recorded FW
+    gap <F, x_0 - s_0> = R ||F|| must be R times the recorded norm."""
     from jax.flatten_util import ravel_pytree
 
     from bilevel.schedules import as_schedule
 
+    quad = problem_for(name, quad)
     solver = bl.solvers.make(name, **dict(settings(name), outer_optimizer="sgd"))
     res = bl.solve(quad, solver, steps=1, eval_every=1, progress=False)
     norms = res.history.hypergrad_estimate_norm.to_numpy()
     moved = np.linalg.norm(ravel_pytree(res.x)[0] - ravel_pytree(quad.x0)[0])
     lr0 = float(as_schedule(solver.lr_outer)(0))
     assert norms[0] == 0.0 and moved > 0
-    np.testing.assert_allclose(norms[-1], moved / lr0, rtol=1e-10)
+    if frank_wolfe(name):
+        radius = quad.x_set.radius
+        np.testing.assert_allclose(moved, lr0 * radius, rtol=1e-10)
+        gaps = res.history.fw_gap_estimate.to_numpy()
+        np.testing.assert_allclose(gaps[-1], radius * norms[-1], rtol=1e-10)
+    else:
+        np.testing.assert_allclose(norms[-1], moved / lr0, rtol=1e-10)

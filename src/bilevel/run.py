@@ -36,7 +36,7 @@ from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
 from .problem import BilevelProblem
-from .solvers.base import OuterState, Solver
+from .solvers.base import Solver
 
 PyTree = Any
 
@@ -69,7 +69,9 @@ class Result:
             samples_inner, oracle_calls``, the calls by kind, ``seconds`` (solver time only,
             cumulative) and the metrics: ``outer_loss``, ``inner_grad_norm``, the problem's own,
             and ``hypergrad_estimate_norm`` (the norm of the direction the solver's last outer
-            step used, its hypergradient estimate; 0 at step 0).
+            step used, its hypergradient estimate; 0 at step 0), plus what the solver records
+            itself (``Solver.state_metrics``: ``fw_gap_estimate`` for Frank-Wolfe methods);
+            constrained problems also get ``grad_mapping`` and ``fw_gap`` (bilevel.metrics).
         state: the final solver state (seed axis with ``seeds=``).
         diverged: seeds that diverged (empty if none).
         message: a human-readable status.
@@ -154,9 +156,8 @@ def _make_eval(batched: bool):
     def one(solver, problem, state):
         x, y = solver.output(state)
         metrics = default_metrics(problem, x, y)
-        outer_state = getattr(state, "outer_state", None)
-        if isinstance(outer_state, OuterState):  # the last hypergradient estimate's norm
-            metrics["hypergrad_estimate_norm"] = outer_state.direction_norm
+        # what the method recorded itself (the last hypergradient estimate's norm, ...)
+        metrics.update(solver.state_metrics(state))
         finite = _float_leaves_finite(state) & tree_allfinite(metrics)
         return metrics, state.counts, finite
 
@@ -626,7 +627,8 @@ def solve(
     Args:
         problem: a :class:`bilevel.BilevelProblem`.
         solver: from ``bl.solvers.make(name, ...)``.
-        steps: number of outer iterations.
+        steps: number of outer iterations; also the horizon K of a solver whose step sizes
+            depend on it (a ``horizon=None`` field, e.g. IBCG's, is filled with ``steps``).
         seed: the PRNG seed of a single run.
         seeds: several seeds (a sequence such as ``range(5)``) run as one vmapped program;
             results get a leading seed axis.
@@ -659,7 +661,7 @@ def solve(
     seed_list = _check_seeds(seed, seeds)
     ckpt_dir = _check_checkpoint_dir(checkpoint)
     solver.check_problem(problem)
-    solver = solver.resolve(problem)
+    solver = solver.with_horizon(steps).resolve(problem)
     _check_convexity(problem)
 
     state = _init_states(solver, problem, seed_list, batched, init)

@@ -39,6 +39,7 @@ PyTree = Any
 
 __all__ = [
     "Box",
+    "is_bounded",
     "ConvexSet",
     "L1Ball",
     "L2Ball",
@@ -73,17 +74,23 @@ def _pytree_dataclass(cls):
     what the user types.
     """
     cls = dataclasses.dataclass(frozen=True)(cls)
-    names = tuple(f.name for f in dataclasses.fields(cls))
+    fields = dataclasses.fields(cls)
+    # a field declared ``metadata={"static": True}`` (an iteration count) is aux data
+    names = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    statics = tuple(f.name for f in fields if f.metadata.get("static", False))
 
     def flatten_with_keys(obj):
-        return [(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in names], None
+        aux = tuple(getattr(obj, n) for n in statics)
+        return [(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in names], aux
 
     def flatten(obj):
-        return [getattr(obj, n) for n in names], None
+        return [getattr(obj, n) for n in names], tuple(getattr(obj, n) for n in statics)
 
-    def unflatten(_, children):
+    def unflatten(aux, children):
         obj = object.__new__(cls)
         for n, v in zip(names, children, strict=True):
+            object.__setattr__(obj, n, v)
+        for n, v in zip(statics, aux, strict=True):
             object.__setattr__(obj, n, v)
         return obj
 
@@ -421,23 +428,108 @@ class Simplex:
         return math.sqrt(2) * self.radius
 
 
+def _top_singular_pair(m: jax.Array, steps: int, start: jax.Array | None = None):
+    """``(u, v)``: the top left and right singular vectors of ``m`` by Lanczos.
+
+    Lanczos (1950) with full reorthogonalisation on the smaller Gram matrix ``a a^T`` (``a`` is
+    ``m`` or ``m^T``, whichever has fewer rows, p of them), ``min(steps, p)`` steps, a fixed
+    count so that it runs under ``jit``; then the top Ritz vector of the tridiagonal matrix.
+    With ``steps >= p`` the Krylov space is the whole space and the pair is exact up to
+    rounding. Otherwise the Ritz value's relative error decays like ``exp(-4 k sqrt(delta))``
+    with ``delta`` the relative gap between the two top squared singular values (Saad,
+    "Numerical Methods for Large Eigenvalue Problems", 2011, Thm. 6.4), so a gradient with a
+    clear top direction (a low-rank signal plus noise) is resolved in a few dozen steps.
+
+    Args:
+        m: a 2-D array.
+        steps: Lanczos steps (static).
+        start: optional warm start, a guess of the right singular vector (shape
+            ``(m.shape[1],)``), e.g. the previous step's; a zero or missing start uses a fixed
+            pseudo-random vector (so no structured gradient can be orthogonal to it by design).
+    """
+    transposed = m.shape[0] > m.shape[1]
+    a = m.T if transposed else m
+    p = a.shape[0]
+    k = min(steps, p)
+    fixed = jax.random.normal(jax.random.key(0), (p,), dtype=m.dtype)
+    q = fixed
+    if start is not None:
+        guess = start if transposed else m @ start
+        q = jnp.where(jnp.vdot(guess, guess) > 0, guess, fixed)
+    q = q / jnp.linalg.norm(q)
+    tiny = jnp.finfo(m.dtype).eps * jnp.maximum(jnp.linalg.norm(a), 1.0) ** 2
+
+    def body(j, carry):
+        basis, alphas, betas, q, q_prev, beta_prev = carry
+        basis = basis.at[j].set(q)
+        w = a @ (a.T @ q)
+        alpha = jnp.vdot(w, q)
+        w = w - alpha * q - beta_prev * q_prev
+        for _ in range(2):  # full reorthogonalisation, twice ("twice is enough", Kahan)
+            w = w - basis.T @ (basis @ w)
+        beta = jnp.linalg.norm(w)
+        alive = beta > tiny  # an invariant subspace was found: the rest of the basis is zero
+        q_next = jnp.where(alive, w / jnp.where(alive, beta, 1.0), 0.0)
+        beta = jnp.where(alive, beta, 0.0)
+        return basis, alphas.at[j].set(alpha), betas.at[j].set(beta), q_next, q, beta
+
+    zeros = jnp.zeros(k, m.dtype)
+    init = (jnp.zeros((k, p), m.dtype), zeros, zeros, q, jnp.zeros_like(q), jnp.zeros((), m.dtype))
+    basis, alphas, betas, *_ = jax.lax.fori_loop(0, k, body, init)
+    tri = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    _, vecs = jnp.linalg.eigh(tri)
+    left = basis.T @ vecs[:, -1]
+    right = a.T @ left
+    norm = jnp.linalg.norm(right)
+    right = jnp.where(norm > 0, right / jnp.where(norm > 0, norm, 1.0), 0.0)
+    return (right, left) if transposed else (left, right)
+
+
+def is_bounded(x_set, like: PyTree | None = None) -> bool:
+    """Whether ``x_set`` has a finite diameter (what a linear minimization oracle needs).
+
+    Args:
+        x_set: a set of this module (or anything with ``diameter``); ``None`` is unbounded.
+        like: a point shaped like ``x`` (needed by a ``Box`` with scalar bounds).
+    """
+    if x_set is None:
+        return False
+    return bool(np.isfinite(np.asarray(x_set.diameter(like=like))))
+
+
 @_pytree_dataclass
 class NuclearBall:
     """The nuclear-norm ball ``{X : ||X||_* = sum_i sigma_i(X) <= radius}`` for a matrix ``x``.
 
-    ``x`` must be a single 2-D array (or a pytree with exactly one leaf, which is 2-D). Both
-    ``project`` and ``lmo`` use a dense ``jnp.linalg.svd``; for large matrices the LMO would be
-    much cheaper with a few power (or Lanczos) iterations for the top singular pair.
+    ``x`` must be a single 2-D array (or a pytree with exactly one leaf, which is 2-D).
+    ``project`` takes a dense SVD (O(n^3)) and projects the spectrum onto the l1 ball; ``lmo``
+    needs only the top singular pair, found by ``lanczos_steps`` Lanczos steps on the Gram
+    matrix (O(steps n^2)). On 250x250 float64 matrices ``benchmarks/nuclear_lmo.py`` measured
+    lmo 1.9 ms against project 209 ms (ratio 109) and, in a busier minute, 2.4 ms against
+    1769 ms (ratio 724): a shared 2-core CPU at load average 4.5 and 8.6, so the absolute times
+    are inflated and the SVD suffers most; the LMO is two orders of magnitude cheaper.
+
+    Args:
+        radius: positive scalar.
+        lanczos_steps: Lanczos steps of the LMO (static: it sets the loop length). Exact up to
+            rounding when ``>= min(X.shape)``. 48 resolves the top singular value of 250x250
+            Gaussian matrices (relative gap of sigma^2 ~2e-2, about the worst a dense random
+            gradient gives) to rounding (~1e-15 relative), where 16 steps leave ~1e-2 and 32
+            ~1e-9: see ``tests/test_sets.py``.
 
     Raises:
-        ValueError: when a concrete ``radius`` is not positive; from the methods when ``x`` is not
-            a single 2-D array.
+        ValueError: when a concrete ``radius`` is not positive or ``lanczos_steps`` not a
+            positive int; from the methods when ``x`` is not a single 2-D array.
     """
 
     radius: Any = 1.0
+    lanczos_steps: int = dataclasses.field(default=48, metadata={"static": True})
 
     def __post_init__(self):
         _check_radius("NuclearBall", self.radius)
+        n = self.lanczos_steps
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            raise ValueError(f"NuclearBall(lanczos_steps=...) must be a positive int, got {n!r}.")
 
     @staticmethod
     def _matrix(x: PyTree):
@@ -462,11 +554,16 @@ class NuclearBall:
         return rebuild(out.astype(m.dtype))
 
     @jax.jit
-    def lmo(self, g: PyTree) -> PyTree:
-        """``S = -radius * u_1 v_1^T`` for the top singular pair of ``G`` (Jaggi 2013)."""
+    def lmo(self, g: PyTree, start: jax.Array | None = None) -> PyTree:
+        """``S = -radius * u_1 v_1^T`` for the top singular pair of ``G`` (Jaggi 2013).
+
+        The pair comes from Lanczos (see the class docstring), not a full SVD; ``start`` is an
+        optional guess of the right singular vector ``v_1`` (a warm start from a previous
+        gradient). ``S = 0`` when ``G = 0``.
+        """
         m, rebuild = self._matrix(g)
-        u, _, vt = jnp.linalg.svd(m, full_matrices=False)
-        s = -self.radius * jnp.outer(u[:, 0], vt[0])
+        u, v = _top_singular_pair(m, self.lanczos_steps, start)
+        s = -self.radius * jnp.outer(u, v)
         return rebuild(s.astype(m.dtype))
 
     @jax.jit

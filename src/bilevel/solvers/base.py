@@ -90,6 +90,11 @@ class Solver(abc.ABC):
     name: ClassVar[str] = "solver"
     #: whether ``step`` honours ``problem.x_set`` (projection or LMO)
     supports_x_set: ClassVar[bool] = True
+    #: whether the method only works on a bounded ``x_set`` (Frank-Wolfe methods: their linear
+    #: minimization oracle has no minimiser on an unbounded set); ``check_problem`` enforces it
+    needs_bounded_set: ClassVar[bool] = False
+    #: the ``lr_*`` fields that may be ``"auto"`` (filled in by :meth:`resolve`)
+    auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_inner",)
     #: whether the method needs stochastic data (online methods) or works on any problem
     paper: ClassVar[str] = ""
     #: ``lr_inner="auto"`` means ``auto_inner_factor / L_g`` (the paper's inner-step rule)
@@ -124,7 +129,9 @@ class Solver(abc.ABC):
                     f"{type(self).__name__}(lr_inner={value!r}) is not a step size: use a "
                     "positive float, a schedule k -> step, or 'auto' (1/L_g from bl.diagnose)."
                 )
-            if fld.name.startswith("lr_") and not (fld.name == "lr_inner" and value == "auto"):
+            if fld.name.startswith("lr_") and not (
+                fld.name in self.auto_step_sizes and _is_auto(value)
+            ):
                 check_step_size(value, f"{type(self).__name__}({fld.name}=...)")
         bs = getattr(self, "batch_size", None)
         if bs is not None and (isinstance(bs, bool) or not isinstance(bs, int) or bs < 1):
@@ -180,6 +187,30 @@ class Solver(abc.ABC):
             return dataclasses.replace(self, lr_inner=step)
         return self
 
+    def with_horizon(self, steps: int) -> Solver:
+        """This solver told the run's horizon K (``bl.solve`` calls it with ``steps``).
+
+        Methods whose step sizes depend on K (IBCG's ``gamma = log K / K``) declare a field
+        ``horizon`` (default ``None`` = "the run's"); this fills a ``None`` horizon with
+        ``steps`` and leaves everything else alone. The horizon is a float leaf, so runs of
+        different lengths share one compiled program.
+        """
+        if getattr(self, "horizon", 0) is None:
+            return dataclasses.replace(self, horizon=float(steps))
+        return self
+
+    def state_metrics(self, state: Any) -> dict[str, jax.Array]:
+        """Metrics the method records in its own state, for ``solve``'s history.
+
+        By default the norm of the last outer direction (``hypergrad_estimate_norm``, see
+        :class:`OuterState`); a method adds its own cheap by-products by overriding this (IBCG
+        and SBFW: the Frank-Wolfe gap of their hypergradient estimate).
+        """
+        outer_state = getattr(state, "outer_state", None)
+        if isinstance(outer_state, OuterState):
+            return {"hypergrad_estimate_norm": outer_state.direction_norm}
+        return {}
+
     def validate(self) -> None:  # noqa: B027  (optional hook, deliberately empty)
         """Extra checks of the hyperparameters (override; raise ValueError)."""
 
@@ -195,6 +226,8 @@ class Solver(abc.ABC):
                 f"(x_set={type(problem.x_set).__name__}); use a projected or Frank-Wolfe method "
                 "such as 'ibcg', or drop x_set."
             )
+        if self.needs_bounded_set:
+            self._check_bounded_set(problem)
         bs = getattr(self, "batch_size", None)
         if bs is not None and not problem.stochastic and bs != self._default("batch_size"):
             # a method's own default (PZOBO-S's 256) only applies where there is data
@@ -209,6 +242,24 @@ class Solver(abc.ABC):
                     f"batch_size={bs} is larger than the {label} data ({n} samples); use "
                     f"batch_size <= {n} or None for full batches."
                 )
+
+    def _check_bounded_set(self, problem: BilevelProblem) -> None:
+        """A linear minimization oracle needs a bounded ``x_set``: refuse anything else."""
+        from ..sets import is_bounded
+
+        if problem.x_set is None:
+            raise ValueError(
+                f"solver {self.name!r} is a Frank-Wolfe method: it needs a bounded constraint "
+                f"set for x, but {problem.name} has no x_set. Give one (e.g. "
+                "problem.replace(x_set=bl.sets.L2Ball(radius)) around the region of interest), "
+                "or use an unconstrained method."
+            )
+        if not is_bounded(problem.x_set, like=problem.x0):
+            raise ValueError(
+                f"solver {self.name!r} is a Frank-Wolfe method: its linear minimization oracle "
+                f"needs a bounded x_set, but {type(problem.x_set).__name__} has infinite "
+                "diameter; give a bounded set (a ball, simplex or finite box)."
+            )
 
     @classmethod
     def _default(cls, name: str) -> Any:
