@@ -52,7 +52,7 @@ from .. import linsolve, oracles
 from .._tree import tree_axpy
 from ..problem import BilevelProblem
 from ..sampling import Minibatches, batch_count
-from ..schedules import as_schedule
+from ..schedules import step_size
 from .base import IterateState, Solver, _is_auto
 from .common import implicit_hypergradient, inner_sgd
 
@@ -233,8 +233,9 @@ class ImplicitSolver(Solver):
         """The strategy for ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (built from the fields)."""
 
     def step_sizes(self, k) -> tuple[Any, Any]:
-        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k."""
-        return as_schedule(self.lr_outer)(k), as_schedule(self.lr_inner)(k)
+        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k (constant floats,
+        schedules called with the int32 count k; :func:`bilevel.schedules.step_size`)."""
+        return step_size(self.lr_outer, k), step_size(self.lr_inner, k)
 
     def draws(self) -> Draws:
         """The step's inner-draw layout (declared from T and the strategy)."""
@@ -358,12 +359,10 @@ class StochasticApproximation(ImplicitSolver):
         return solver
 
     def step_sizes(self, k) -> tuple[jax.Array, jax.Array]:
-        """``(alpha_k, beta_k)``: floats decay by the regime's orders, schedules are as given."""
+        """``(alpha_k, beta_k)``: floats decay by the regime's orders (a, b), as
+        ``alpha_0 (k0/(k+k0))^a`` and ``beta_0 (k0/(k+k0))^b`` (the strongly convex regimes of
+        Ghadimi & Wang 2018 and Hong et al. 2023; :func:`bilevel.schedules.step_size`);
+        schedules are as given, called with k as a float (as they always were here)."""
         kf = jnp.asarray(k, dtype=jnp.result_type(float))
         a, b = self.regimes[self.regime]
-        ratio = self.k0 / (kf + self.k0)
-
-        def rate(value, power):
-            return value(kf) if callable(value) else value * ratio**power
-
-        return rate(self.lr_outer, a), rate(self.lr_inner, b)
+        return step_size(self.lr_outer, kf, a, self.k0), step_size(self.lr_inner, kf, b, self.k0)
