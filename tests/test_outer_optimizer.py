@@ -42,3 +42,28 @@ def test_checkpoint_signature_ignores_function_addresses(quad):
     assert _signature(quad, first, [0], False, 10) == _signature(quad, second, [0], False, 10)
     other = bl.solvers.make("f2sa", lr_outer=_schedule(), lam0=3.0)
     assert _signature(quad, first, [0], False, 10) != _signature(quad, other, [0], False, 10)
+
+
+def test_checkpoint_signature_sees_what_a_function_closed_over(quad):
+    """Functions print alike whatever they closed over: optax.trace(decay=0.5) and (decay=0.9),
+    or two exponential decays, must still be two runs."""
+
+    def sig(**fields):
+        return _signature(quad, bl.solvers.make("pzobo", lr_inner=0.1, **fields), [0], False, 10)
+
+    assert sig(outer_optimizer=optax.trace(decay=0.5)) != sig(
+        outer_optimizer=optax.trace(decay=0.9)
+    )
+    assert sig(inner_optimizer=optax.scale_by_adam(b1=0.5)) != sig(
+        inner_optimizer=optax.scale_by_adam()
+    )
+    assert sig(lr_outer=optax.exponential_decay(0.1, 10, 0.5)) != sig(
+        lr_outer=optax.exponential_decay(0.1, 10, 0.9)
+    )
+    # equal ones (two objects, as in two processes) are one run
+    assert sig(outer_optimizer=optax.trace(decay=0.5)) == sig(
+        outer_optimizer=optax.trace(decay=0.5)
+    )
+    assert sig(lr_outer=optax.exponential_decay(0.1, 10, 0.5)) == sig(
+        lr_outer=optax.exponential_decay(0.1, 10, 0.5)
+    )

@@ -15,6 +15,7 @@ y_0 = 0 give the affine map y^N(x) = J_N x + c_N with J_N = A^{-1}(I - (I - alph
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.flatten_util import ravel_pytree
 
@@ -472,8 +473,8 @@ def test_pzobo_s_stochastic_quadratic_gradient_falls_tenfold():
         {"directions": "rademacher"},
         {"inner_optimizer": "lbfgs"},
         {"outer_optimizer": "rmsprop"},
-        {"inner_momentum": 1.0},
-        {"adam_betas": (0.9, 1.0)},
+        {"inner_optimizer": 0.9},
+        {"inner_optimizer": None},
         {"warm_start": 1},
         {"inner_steps": 0},
         {"lr_inner": "fast"},
@@ -483,3 +484,35 @@ def test_bad_options_are_refused(bad):
     for name in ("pzobo", "pzobo-s"):
         with pytest.raises(ValueError, match=next(iter(bad))):
             bl.solvers.make(name, **bad)
+
+
+def test_an_unknown_inner_optimizer_names_the_field_and_the_choices():
+    for bad in ("lbfgs", 0.9, ("momentum", 0.9)):
+        with pytest.raises(
+            ValueError,
+            match=r"PZOBO\(inner_optimizer=.*\) is unknown; use one of "
+            r"gd, momentum, adam or an optax.GradientTransformation",
+        ):
+            bl.solvers.make("pzobo", inner_optimizer=bad)
+
+
+def test_an_optax_transformation_is_an_inner_optimizer(quad):
+    """The names are optax transformations without a learning rate: "momentum" is
+    ``optax.trace(decay=0.9)`` and "adam" ``optax.scale_by_adam()``, to the last bit; another
+    transformation is used as given."""
+
+    def x_after(inner_optimizer, steps=3):
+        solver = bl.solvers.make(
+            "pzobo", lr_outer=0.05, lr_inner=0.15, inner_steps=6, inner_optimizer=inner_optimizer
+        )
+        state = solver.init(quad, jax.random.PRNGKey(3))
+        for _ in range(steps):
+            state = jax.jit(solver.step)(quad, state)
+        return np.asarray(state.x)
+
+    momentum = x_after("momentum")
+    np.testing.assert_array_equal(x_after(optax.trace(decay=0.9)), momentum)
+    assert not np.array_equal(x_after(optax.trace(decay=0.5)), momentum)
+    np.testing.assert_array_equal(x_after(optax.scale_by_adam()), x_after("adam"))
+    assert not np.array_equal(x_after(optax.scale_by_adam(b1=0.5)), x_after("adam"))
+    np.testing.assert_array_equal(x_after(optax.identity()), x_after("gd"))

@@ -12,11 +12,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from solver_settings import problem_for
 
 import bilevel as bl
-from bilevel.solvers.base import Solver
+from bilevel.solvers.base import Solver, _is_leaf
 
 NAMES = bl.solvers.names()
 
@@ -100,8 +101,14 @@ def test_leaves_are_the_numeric_hyperparameters():
     # a schedule is static: another schedule is another program
     sched = bl.solvers.make("stocbio", lr_outer=lambda k: 0.1 / (k + 1), lr_inner=0.1)
     assert jax.tree.leaves(sched) == [0.1]
-    # a tuple of floats (PZOBO's inner Adam betas) is numeric: two leaves
-    assert {0.9, 0.999} <= set(jax.tree.leaves(bl.solvers.make("pzobo", lr_inner=0.1)))
+    # an optax transformation (a NamedTuple of functions) is static, like a schedule
+    transformed = bl.solvers.make(
+        "pzobo", lr_inner=0.1, inner_optimizer=optax.trace(decay=0.9), outer_optimizer="adam"
+    )
+    assert jax.tree.leaves(transformed) == [0.01, 0.1, 0.01]  # lr_outer, lr_inner, smoothing
+    # while a tuple of floats (no solver has one now) is numeric: one leaf per float
+    (betas,) = dataclasses.fields(dataclasses.make_dataclass("Betas", [("betas", tuple)]))
+    assert _is_leaf(betas, (0.9, 0.999)) and not _is_leaf(betas, optax.trace(decay=0.9))
 
 
 def test_rebuilt_solvers_keep_their_structure(problem):

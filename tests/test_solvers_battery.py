@@ -67,6 +67,32 @@ def test_no_recompilation_on_second_solve(name, quad, caplog):
 _ALREADY_COMPILED = set()  # a previous test may have compiled this exact program already
 
 
+@pytest.mark.parametrize(
+    "name, fields",
+    [
+        ("stocbio", {"outer_optimizer": "adam-b1"}),
+        ("pzobo", {"outer_optimizer": "adam-b1", "inner_optimizer": "trace"}),
+    ],
+)
+def test_a_transformation_valued_field_does_not_recompile(name, fields, quad, caplog):
+    """An optax transformation in a field is static (part of the compiled program): a second
+    solve with the same transformation object, in a new solver, reuses the compilation."""
+    import optax
+
+    made = {"adam-b1": optax.scale_by_adam(b1=0.5), "trace": optax.trace(decay=0.5)}
+    options = settings(name) | {field: made[value] for field, value in fields.items()}
+    first = bl.solve(
+        quad, bl.solvers.make(name, **options), steps=20, eval_every=10, progress=False
+    )
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        again = bl.solve(
+            quad, bl.solvers.make(name, **options), steps=20, eval_every=10, progress=False
+        )
+        compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not compiles, compiles
+    np.testing.assert_array_equal(jax.tree.leaves(first.x)[0], jax.tree.leaves(again.x)[0])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_other_step_sizes_reuse_the_compilation(name, quad, caplog):
     """Numeric step sizes are arguments of the compiled program (a grid compiles once), and the

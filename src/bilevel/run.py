@@ -278,6 +278,29 @@ def _init_states(
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
+def _strip_addresses(text: str) -> str:
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
+def _closures(value, depth: int = 0) -> str:
+    """The values the functions in ``value`` (a field: a schedule, an optax transformation, a
+    tuple of them) closed over, recursively, as text without memory addresses ("" if none)."""
+    if depth > 4:  # a closure over itself, or a deep chain of schedules: enough to tell apart
+        return ""
+    if isinstance(value, tuple):
+        return "".join(_closures(v, depth + 1) for v in value)
+    if not callable(value):
+        return ""
+    parts = []
+    for cell in getattr(value, "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        parts.append(_closures(content, depth + 1) or _strip_addresses(repr(content)))
+    return f"({';'.join(parts)})" if parts else ""
+
+
 def _signature(
     problem: BilevelProblem, solver: Solver, seeds, batched, eval_every, init=None
 ) -> str:
@@ -285,7 +308,11 @@ def _signature(
     h = hashlib.sha256()
     # functions (schedules, an optax outer optimiser) print with their memory address, which
     # differs in every process: a resumed run must not look like another run
-    h.update(re.sub(r" at 0x[0-9a-fA-F]+", "", repr(solver)).encode())
+    h.update(_strip_addresses(repr(solver)).encode())
+    # ... which also hides what a function closed over: optax.trace(decay=0.5) and (decay=0.9),
+    # or two exponential decays, print alike; their closures tell them apart
+    for fld in dataclasses.fields(solver):
+        h.update(_closures(getattr(solver, fld.name)).encode())
     h.update(repr((problem.name, seeds, batched, eval_every, _CHECKPOINT_VERSION)).encode())
     children, _ = problem.tree_flatten()
     leaves, treedef = jax.tree.flatten(children)

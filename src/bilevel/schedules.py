@@ -1,7 +1,32 @@
-"""Step-size schedules: a schedule is any function ``k -> step`` of the (traced) iteration count.
+"""Step sizes: one dialect for every solver.
 
-Floats mean constant steps. Optax schedules (``optax.exponential_decay(...)``) are plain
-functions of the step count too, so they can be passed wherever a step size is accepted.
+A step-size field is a float or a *schedule* ``k -> value`` of the (traced) iteration count:
+any Python function or optax schedule (``optax.exponential_decay(...)``,
+``optax.cosine_decay_schedule(...)``; they take the int32 step count). Every solver turns such
+a field into its value at iteration k with ONE helper, :func:`step_size`, which also carries
+the papers' decaying regimes: a float is the k = 0 value of
+
+    value_k = value * (k0 / (k + k0)) ** power,
+
+the ``c / (k + k0)^a`` family of the stochastic-approximation analyses (``c = value k0^a``):
+
+* Ghadimi & Wang, "Approximation Methods for Bilevel Programming" (arXiv:1802.02246, 2018),
+  strongly convex case (BSA): alpha_k ~ 1/(k + k0), power 1 (the library's BSA also decays its
+  inner step as 1/(k + k0) in place of the paper's growing inner loop);
+* Hong, Wai, Wang, Yang, "A Two-Timescale Stochastic Algorithm Framework for Bilevel
+  Optimization" (SIAM J. Optim. 2023), strongly convex case (TTSA): alpha_k ~ 1/(k + k0),
+  beta_k ~ (k + k0)^(-2/3);
+* Chen, Sun, Xiao, Yin, "A Single-Timescale Method for Stochastic Bilevel Optimization"
+  (AISTATS 2022), Theorem 3, eq. (30a) (STABLE, strongly convex): alpha_k, beta_k, tau_k ~
+  1/(K_0 + k);
+* Kwon, Kwon, Wright, Nowak, "A Fully First-Order Method for Stochastic Bilevel Optimization"
+  (ICML 2023), eqs. (5)-(7) with Corollary 4.2 (F2SA: alpha_k ~ k^-a, gamma_k ~ k^-c) and
+  eq. (9a) with Corollary 4.4 (F3SA).
+
+``power = 0`` is a constant step (the nonconvex theorems' K-dependent constants).
+
+A float step size is a traced leaf of the solver pytree (a grid of step sizes compiles once),
+so :func:`step_size` only does traced arithmetic on it: no Python ``if`` or ``float()``.
 """
 
 from __future__ import annotations
@@ -9,26 +34,64 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 Schedule = Callable[[Any], Any]
 
-__all__ = ["Schedule", "constant", "inverse_power", "as_schedule", "check_step_size"]
+__all__ = [
+    "Schedule",
+    "step_size",
+    "constant",
+    "inverse_power",
+    "as_schedule",
+    "check_step_size",
+]
+
+
+def step_size(value: Any, k: Any, power: Any = 0.0, k0: Any = 1.0) -> jax.Array:
+    """The step size ``value`` at iteration ``k``: the one conversion every solver uses.
+
+    Args:
+        value: a schedule (any callable ``k -> step``: a Python function or an optax schedule),
+            returned as ``value(k)``; or a float (a number, or a traced scalar: solvers pass
+            their float fields as jit arguments), the value at k = 0 of
+            ``value * (k0 / (k + k0)) ** power``.
+        k: the iteration count, passed to a schedule as given (the solver's int32 ``state.k``,
+            which optax schedules expect; a few solvers pass it as a float, as they always
+            have); converted to a float for the power law.
+        power: the decay order a of ``(k + k0)^-a``: 0 (default) is a constant step, 1 the
+            ``1/(k + k0)`` of the strongly convex analyses (Ghadimi & Wang 2018; Hong et al.
+            2023; Chen et al. 2022, eq. (30a)); 2/3, 5/7, ... the other orders of the module
+            docstring. A number or a traced scalar (F2SA's ``a`` and ``c`` fields).
+        k0: the offset k_0 > 0 (a number or a traced scalar); unused when ``power`` is 0.
+
+    Returns:
+        A float array of the default float dtype; for a schedule, ``value(k)`` as it returns it
+        (converting it could change the dtype a user's schedule chose for its steps).
+    """
+    if callable(value):
+        return value(k)
+    if isinstance(power, int | float) and power == 0:  # a constant: no decay factor to compute
+        return jnp.asarray(value, dtype=jnp.result_type(float))
+    kf = jnp.asarray(k, dtype=jnp.result_type(float))
+    return value * (k0 / (kf + k0)) ** power
 
 
 def constant(value: Any) -> Schedule:
     """``k -> value`` (a number or a traced scalar: ``solve`` passes step sizes as arguments)."""
-    return lambda k: jnp.asarray(value, dtype=jnp.result_type(float))
+    return lambda k: step_size(value, k)
 
 
 def inverse_power(init: float, power: float, k0: float) -> Schedule:
-    """``k -> init * (k0 / (k + k0)) ** power``: the ``c / (k + k0)^a`` family of the papers.
+    """``k -> init * (k0 / (k + k0)) ** power``: the ``c / (k + k0)^a`` family of the papers
+    (module docstring), as a schedule object; :func:`step_size`'s formula.
 
     Written with ``init`` = the value at k = 0, so ``c = init * k0 ** power``.
     """
     if k0 <= 0:
         raise ValueError(f"inverse_power(k0=...) must be > 0, got {k0}.")
-    return lambda k: init * (k0 / (k + k0)) ** power
+    return lambda k: step_size(init, k, power, k0)
 
 
 def check_step_size(value: Any, name: str) -> None:

@@ -39,9 +39,58 @@ from ..schedules import check_step_size
 
 PyTree = Any
 
-__all__ = ["Solver", "Counts", "OUTER_OPTIMIZERS", "IterateState", "OuterState"]
+__all__ = [
+    "Solver",
+    "Counts",
+    "OUTER_OPTIMIZERS",
+    "IterateState",
+    "OuterState",
+    "check_optimizer",
+    "optimizer_transform",
+]
 
+#: the names ``outer_optimizer`` accepts (besides any optax.GradientTransformation)
 OUTER_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+#: every optimiser name a solver field accepts, as an optax transformation WITHOUT a learning
+#: rate (the solver multiplies the update by its own lr_k). "sgd" and "gd" are the same plain
+#: step; "momentum" is PyTorch's SGD heavy ball v <- 0.9 v + d (step lr v); "adam" is Kingma &
+#: Ba (ICLR 2015) with optax's defaults b1 = 0.9, b2 = 0.999, eps = 1e-8, PyTorch's as well.
+_NAMED_OPTIMIZERS = {
+    "sgd": optax.identity,
+    "gd": optax.identity,
+    "momentum": lambda: optax.trace(decay=0.9),
+    "adam": optax.scale_by_adam,
+}
+
+
+def check_optimizer(owner: str, field: str, value: Any, names: tuple[str, ...]) -> None:
+    """Raise a ValueError naming ``owner(field=value)`` and the choices unless ``value`` is one
+    of ``names`` or an ``optax.GradientTransformation``.
+
+    Args:
+        owner: the solver's class name, for the message.
+        field: the field's name (``"outer_optimizer"``, PZOBO's ``"inner_optimizer"``).
+        value: the field's value.
+        names: the names this field accepts (keys of the shared table, e.g.
+            :data:`OUTER_OPTIMIZERS`).
+    """
+    if isinstance(value, optax.GradientTransformation):
+        return
+    if not (isinstance(value, str) and value in names):
+        raise ValueError(
+            f"{owner}({field}={value!r}) is unknown; use one of {', '.join(names)} or an "
+            "optax.GradientTransformation without a learning rate (e.g. "
+            "optax.scale_by_adam(b1=0.5))."
+        )
+
+
+def optimizer_transform(value: Any) -> optax.GradientTransformation:
+    """The optax transformation of an optimiser field: a name (see ``_NAMED_OPTIMIZERS``) or
+    an ``optax.GradientTransformation`` without a learning rate, returned as is."""
+    if isinstance(value, optax.GradientTransformation):
+        return value
+    return _NAMED_OPTIMIZERS[value]()
 
 
 class OuterState(NamedTuple):
@@ -146,13 +195,9 @@ class Solver(abc.ABC):
                     raise ValueError(
                         f"{type(self).__name__}({fld}=...) must be a positive int, got {v!r}."
                     )
-        opt = self.outer_optimizer
-        if not isinstance(opt, optax.GradientTransformation) and opt not in OUTER_OPTIMIZERS:
-            raise ValueError(
-                f"{type(self).__name__}(outer_optimizer={opt!r}) is unknown; use one of "
-                f"{', '.join(OUTER_OPTIMIZERS)} or an optax.GradientTransformation without a "
-                "learning rate (e.g. optax.scale_by_adam(b1=0.5))."
-            )
+        check_optimizer(
+            type(self).__name__, "outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS
+        )
         self.validate()
 
     def unresolved(self) -> list[str]:
@@ -296,13 +341,7 @@ class Solver(abc.ABC):
     # ---- helpers shared by all solvers -----------------------------------------------------
     def _outer_transform(self) -> optax.GradientTransformation:
         # the optimiser without its learning rate: the solver multiplies by its own lr_k
-        if isinstance(self.outer_optimizer, optax.GradientTransformation):
-            return self.outer_optimizer
-        return {
-            "sgd": optax.identity,
-            "momentum": lambda: optax.trace(decay=0.9),
-            "adam": optax.scale_by_adam,
-        }[self.outer_optimizer]()
+        return optimizer_transform(self.outer_optimizer)
 
     def outer_init(self, x0: PyTree) -> OuterState:
         """The outer optimiser's state for x0 (empty for plain gradient steps)."""

@@ -24,6 +24,7 @@ from .. import oracles
 from .._tree import tree_axpy, tree_sub
 from ..oracles import Counts
 from ..problem import BilevelProblem
+from ..schedules import step_size
 from .base import OuterState, Solver
 from .registry import register
 
@@ -77,7 +78,8 @@ def penalty_schedule(
 ) -> PenaltySchedule:
     """Step sizes of iteration k: gamma_k, alpha_k, lam_k = gamma_k / (r alpha_k) and the x step.
 
-    gamma_k = gamma_0 (k0/(k+k0))^c and alpha_k = alpha_0 (k0/(k+k0))^a.
+    gamma_k = gamma_0 (k0/(k+k0))^c and alpha_k = alpha_0 (k0/(k+k0))^a (eq. (7), Corollary 4.2;
+    both by :func:`bilevel.schedules.step_size`).
 
     ``r = lam_ratio`` is 2 for F2SA (eq. (6): lam_k = gamma_k / (2 alpha_k)) and 1 for F3SA
     (eq. (9b)). With ``alpha_0 = gamma_0 / (r lam0)`` this is lam_k = lam0 ((k+k0)/k0)^(a-c)
@@ -90,11 +92,8 @@ def penalty_schedule(
     Callable ``lr_outer`` / ``lr_inner`` replace the power laws for x / z (lam stays as above).
     """
     kf = jnp.asarray(k, dtype=jnp.result_type(float))
-
-    def power_law(init, power):
-        return init * (k0 / (kf + k0)) ** power
-
-    gamma = lr_inner(kf) if callable(lr_inner) else power_law(lr_inner, c)
+    # the power laws of Corollary 4.2 (schedules get k as a float, as they always have here)
+    gamma = step_size(lr_inner, kf, c, k0)
     lam_closed = lam0 * ((kf + k0) / k0) ** (a - c)
     # alpha_k = gamma_k / (r lam_k): the closed form; for power laws it is alpha_0 (k0/(k+k0))^a,
     # which is also the alpha_k of the lagged rule (only lam lags there).
@@ -103,7 +102,7 @@ def penalty_schedule(
         lam = lam0 * ((jnp.maximum(kf - 1.0, 0.0) + k0) / k0) ** (a - c)
     else:
         lam = lam_closed
-    outer = lr_outer(kf) if callable(lr_outer) else power_law(lr_outer, a)
+    outer = step_size(lr_outer, kf, a, k0)
     return PenaltySchedule(gamma=gamma, alpha=alpha, lam=lam, outer=outer)
 
 

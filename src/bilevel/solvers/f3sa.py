@@ -27,6 +27,7 @@ from .. import oracles
 from .._tree import tree_axpy, tree_sub, tree_zeros_like
 from ..oracles import Counts
 from ..problem import BilevelProblem
+from ..schedules import step_size
 from .base import OuterState, Solver
 from .f2sa import F2SA, F2SA_REGIMES, resolve_regime
 from .registry import register
@@ -54,11 +55,10 @@ def momentum_weight(k, c: float, eta=None):
     """
     kf = jnp.asarray(k, dtype=jnp.result_type(float))
     if eta is None:
+        # (9a): step_size's family with k0 = 1, written out so that its rounding does not move
         later = (kf + 1.0) ** (-2.0 * c)
-    elif callable(eta):
-        later = eta(kf)
-    else:
-        later = jnp.asarray(eta, kf.dtype)
+    else:  # a float in (0, 1] or a schedule (called with k as a float, as always here)
+        later = step_size(eta, kf)
     return jnp.where(kf <= 1.0, jnp.ones_like(kf), later)
 
 

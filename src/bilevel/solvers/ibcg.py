@@ -29,7 +29,7 @@ from ..metrics import inner_solution
 from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..sampling import Minibatches
-from ..schedules import as_schedule
+from ..schedules import step_size
 from .base import OuterState, Solver, _is_auto
 from .common import implicit_hypergradient, inner_sgd
 from .registry import register
@@ -208,9 +208,9 @@ class IBCG(Solver):
     def step(self, problem: BilevelProblem, state: IBCGState) -> IBCGState:
         key, batch_key = jax.random.split(state.key)
         mb = self.minibatches(problem, batch_key, outer=1, inner=3)
-        gamma = as_schedule(self.lr_outer)(state.k)
-        alpha = as_schedule(self.lr_inner)(state.k)
-        eta = as_schedule(self.lr_adjoint)(state.k)
+        gamma = step_size(self.lr_outer, state.k)
+        alpha = step_size(self.lr_inner, state.k)
+        eta = step_size(self.lr_adjoint, state.k)
         x, y = state.x, state.y
         grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y, mb.outer(0))
         w, adjoint_counts = self._adjoint(

@@ -58,7 +58,7 @@ from .. import linsolve, oracles
 from .._tree import tree_axpy, tree_sub, tree_zeros_like
 from ..problem import BilevelProblem
 from ..sampling import Minibatches, batch_count
-from ..schedules import as_schedule
+from ..schedules import step_size
 from .base import IterateState, OuterState, Solver, _is_auto
 from .common import implicit_hypergradient, inner_sgd
 
@@ -309,18 +309,17 @@ class ImplicitSolver(Solver):
         """The strategy for ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (built from the fields)."""
 
     def step_sizes(self, k) -> tuple[Any, Any]:
-        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k; with ``regimes``,
-        floats decay by the regime's orders, schedules are as given."""
+        """``(alpha_k, beta_k)``: the outer and inner steps at iteration k
+        (:func:`bilevel.schedules.step_size`). Without ``regimes``, floats are constant steps and
+        schedules get the int32 count k; with them, floats decay as ``alpha_0 (k0/(k+k0))^a``,
+        ``beta_0 (k0/(k+k0))^b`` by the regime's orders (the strongly convex regimes of Ghadimi &
+        Wang 2018 and Hong et al. 2023; SOBA's Theorem 1) and schedules get k as a float (as
+        they always did there)."""
         if not self.regimes:
-            return as_schedule(self.lr_outer)(k), as_schedule(self.lr_inner)(k)
+            return step_size(self.lr_outer, k), step_size(self.lr_inner, k)
         kf = jnp.asarray(k, dtype=jnp.result_type(float))
         a, b = self.regimes[self.regime]
-        ratio = self.k0 / (kf + self.k0)
-
-        def rate(value, power):
-            return value(kf) if callable(value) else value * ratio**power
-
-        return rate(self.lr_outer, a), rate(self.lr_inner, b)
+        return step_size(self.lr_outer, kf, a, self.k0), step_size(self.lr_inner, kf, b, self.k0)
 
     def _check_regime(self) -> None:
         """``regime`` is one of ``regimes`` and ``k0 > 0``."""

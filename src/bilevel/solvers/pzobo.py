@@ -44,13 +44,16 @@ options, all off by default:
   Jacobian, single-direction error (p - 1) ||a||^2), "sphere_unscaled_per_tensor" (the code:
   every leaf of x normalised to unit norm separately, no rescaling, so E[u u^T] =
   blockdiag(I_{p_i} / p_i) and the indirect term is shrunk by 1/p_i per leaf).
-* ``inner_optimizer``: "gd" (the paper), "momentum" (heavy ball ``v <- m v + grad; y <- y - lr v``,
-  PyTorch's SGD convention; the code's meta-learning and 20 Newsgroups runs) or "adam" (PyTorch
-  defaults; the code's MNIST run). Every path starts with a fresh, identical optimiser state.
+* ``inner_optimizer``: "gd" (the paper), "momentum" (heavy ball ``v <- 0.9 v + grad;
+  y <- y - lr v``, PyTorch's SGD convention; the code's meta-learning and 20 Newsgroups runs),
+  "adam" (PyTorch defaults; the code's MNIST run), or any ``optax.GradientTransformation``
+  without a learning rate (``optax.trace(decay=0.5)``, ``optax.scale_by_adam(b1=0.5)``): the
+  same dialect as ``outer_optimizer``. Every path starts with a fresh, identical optimiser state.
 * ``warm_start``: start both paths from the previous unperturbed y^N instead of y_0 (the code's
   MNIST run); the first iteration starts from y_0.
 * ``outer_optimizer`` (inherited from :class:`bilevel.solvers.Solver`): "sgd" (Algorithm 1's
-  x <- x - beta gradhat), "momentum" or "adam" (every experiment of the paper).
+  x <- x - beta gradhat), "momentum" or "adam" (every experiment of the paper), or an optax
+  transformation.
 
 The two paths must start from the same point and see the same randomness (pitfalls P1, P2); with
 ``warm_start`` they still do, since both start from the same previous y^N.
@@ -70,8 +73,8 @@ from .. import oracles
 from .._tree import tree_axpy, tree_sub, tree_vdot
 from ..diagnose import diagnose, outer_smoothness
 from ..problem import BilevelProblem
-from ..schedules import as_schedule
-from .base import IterateState, Solver, _is_auto
+from ..schedules import step_size
+from .base import IterateState, Solver, _is_auto, check_optimizer, optimizer_transform
 from .registry import register
 
 PyTree = Any
@@ -87,7 +90,8 @@ __all__ = [
     "PZOBOS",
 ]
 
-#: Direction distributions (see :func:`sample_directions`) and inner update rules.
+#: Direction distributions (see :func:`sample_directions`) and the names of the inner update
+#: rules (``inner_optimizer`` also takes any optax.GradientTransformation without a learning rate).
 DIRECTIONS = ("gaussian", "sphere_scaled", "sphere_unscaled_per_tensor")
 INNER_OPTIMIZERS = ("gd", "momentum", "adam")
 
@@ -172,10 +176,7 @@ class PathDifferenceSolver(Solver):
     smoothing: float = 0.01
     directions: str = "gaussian"
     warm_start: bool = False
-    inner_optimizer: str = "gd"
-    inner_momentum: float = 0.9
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
+    inner_optimizer: Any = "gd"
     shared_batches: bool = True
     parallel_directions: bool = True
 
@@ -192,22 +193,11 @@ class PathDifferenceSolver(Solver):
                 f"{cls}(smoothing=...) must be a positive finite float (the paper uses 0.1 or "
                 f"0.01), got {self.smoothing!r}."
             )
-        for fld, allowed in (("directions", DIRECTIONS), ("inner_optimizer", INNER_OPTIMIZERS)):
-            if getattr(self, fld) not in allowed:
-                raise ValueError(
-                    f"{cls}({fld}={getattr(self, fld)!r}) is unknown; use one of {allowed}."
-                )
-        if not 0 <= self.inner_momentum < 1:
+        if self.directions not in DIRECTIONS:
             raise ValueError(
-                f"{cls}(inner_momentum=...) must be in [0, 1), got {self.inner_momentum!r}."
+                f"{cls}(directions={self.directions!r}) is unknown; use one of {DIRECTIONS}."
             )
-        betas = self.adam_betas
-        if not (isinstance(betas, tuple) and len(betas) == 2 and all(0 <= b < 1 for b in betas)):
-            raise ValueError(
-                f"{cls}(adam_betas=...) must be a tuple (beta1, beta2) in [0, 1), got {betas!r}."
-            )
-        if not self.adam_eps > 0:
-            raise ValueError(f"{cls}(adam_eps=...) must be > 0, got {self.adam_eps!r}.")
+        check_optimizer(cls, "inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
         for fld in ("warm_start", "shared_batches", "parallel_directions"):
             if not isinstance(getattr(self, fld), bool):
                 raise ValueError(f"{cls}({fld}=...) must be True or False.")
@@ -227,13 +217,11 @@ class PathDifferenceSolver(Solver):
         return self.initial_state(problem, key)
 
     def _inner_transform(self) -> optax.GradientTransformation:
-        """The inner optimiser without its learning rate (the path multiplies by lr)."""
-        if self.inner_optimizer == "momentum":  # PyTorch SGD momentum: v <- m v + grad
-            return optax.trace(decay=self.inner_momentum)
-        if self.inner_optimizer == "adam":  # PyTorch Adam: m_hat / (sqrt(v_hat) + eps)
-            b1, b2 = self.adam_betas
-            return optax.scale_by_adam(b1=b1, b2=b2, eps=self.adam_eps)
-        return optax.identity()
+        """The inner optimiser without its learning rate (the path multiplies by lr): the
+        outer optimiser's table (:func:`bilevel.solvers.base.optimizer_transform`), so "momentum"
+        is PyTorch's SGD momentum v <- 0.9 v + grad and "adam" PyTorch's Adam
+        m_hat / (sqrt(v_hat) + eps) with betas (0.9, 0.999), eps 1e-8."""
+        return optimizer_transform(self.inner_optimizer)
 
     # ---- one inner path --------------------------------------------------------------------
     def inner_path(self, problem: BilevelProblem, mb, x, y, lr, path) -> PyTree:
@@ -308,11 +296,11 @@ class PathDifferenceSolver(Solver):
         mb = self.minibatches(problem, batch_key, outer=1, inner=self.inner_draws)
         u, scale = sample_directions(dir_key, x, self.num_directions, self.directions)
         y_init = state.y if self.warm_start else problem.y0  # Alg. 1 line 2: y_k^0 = y_0
-        lr_inner = as_schedule(self.lr_inner)(k)
+        lr_inner = step_size(self.lr_inner, k)
         hypergrad, y_n = self.hypergradient(problem, mb, x, y_init, lr_inner, u, scale)
 
         # Alg. 1 line 12: x_{k+1} = x_k - beta gradhat (or the outer optimiser's step)
-        lr_outer = as_schedule(self.lr_outer)(k)
+        lr_outer = step_size(self.lr_outer, k)
         x_new, outer_state = self.outer_step(problem, x, hypergrad, state.outer_state, lr_outer)
 
         counts = state.counts.add(
@@ -353,12 +341,16 @@ class PZOBO(PathDifferenceSolver):
         directions: "gaussian" (default, eq. 4), "sphere_scaled", "sphere_unscaled_per_tensor"
             (official code); see the module docstring.
         warm_start: start both paths from the previous y^N (official code, MNIST). Default off.
-        inner_optimizer: "gd" (default), "momentum" (with ``inner_momentum``) or "adam".
-        inner_momentum: heavy-ball coefficient of ``inner_optimizer="momentum"`` (0.9 in the
-            code and in Appendix C).
+        inner_optimizer: the inner update rule of every path, in ``outer_optimizer``'s
+            dialect: "gd" (default, Algorithm 1), "momentum" (heavy ball with coefficient 0.9,
+            PyTorch's convention, as in the code and Appendix C; ``optax.trace(decay=0.9)``),
+            "adam" (PyTorch's defaults: betas (0.9, 0.999), eps 1e-8;
+            ``optax.scale_by_adam()``), or any ``optax.GradientTransformation`` WITHOUT a
+            learning rate, e.g. ``optax.trace(decay=0.5)`` or ``optax.scale_by_adam(b1=0.5)``;
+            the path multiplies its update by ``lr_inner``. A transformation is static (part of
+            the compiled program): reuse one object to reuse the compilation.
         outer_optimizer: "sgd" (default, Algorithm 1), "momentum" or "adam" (every experiment;
-            optax's Adam with its defaults, the same as PyTorch's).
-        adam_betas, adam_eps: constants of the inner Adam (PyTorch defaults).
+            optax's Adam with its defaults, the same as PyTorch's), or an optax transformation.
         shared_batches: one inner draw per inner step for all paths (default, Algorithm 2);
             False gives every path its own draws (ablation; delta noise ~ sigma/mu).
         parallel_directions: run the Q perturbed paths with ``vmap`` (memory O(Q d)) or one

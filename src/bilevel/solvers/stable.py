@@ -26,6 +26,7 @@ from jax.flatten_util import ravel_pytree
 from .. import oracles
 from ..oracles import Counts
 from ..problem import BilevelProblem
+from ..schedules import step_size
 from .base import OuterState, Solver, _is_auto
 from .registry import register
 
@@ -293,13 +294,17 @@ class STABLE(Solver):
         """``(alpha_k, beta_k, tau_k)``: floats scaled by the regime's decay, schedules as given;
         ``tau=None`` is (k + 1)^(-1/2) ("constant") or k0 / (k0 + k) ("strongly-convex")."""
         kf = jnp.asarray(k, dtype=jnp.result_type(float))
-        decay = 1.0 if self.regime == "constant" else self.k0 / (kf + self.k0)
+        # Theorem 2 ("constant"): constant steps; Theorem 3, eq. (30a) ("strongly-convex"):
+        # alpha_k, beta_k, tau_k ~ 1/(K_0 + k), i.e. order 1 of bilevel.schedules.step_size
+        power = 0.0 if self.regime == "constant" else 1.0
 
         def rate(value):
-            return value(kf) if callable(value) else value * decay
+            return step_size(value, kf, power, self.k0)
 
         if self.tau is None:  # the theorems' order of tau, from tau_0 = 1 (class docstring)
-            tau = (kf + 1.0) ** -0.5 if self.regime == "constant" else decay
+            # (k + 1)^(-1/2) is step_size(1.0, k, 0.5, 1.0) in exact arithmetic; it is kept in
+            # this form so that its rounding (and the replica tests' numbers) do not move
+            tau = (kf + 1.0) ** -0.5 if self.regime == "constant" else rate(1.0)
         else:
             tau = rate(self.tau)
         return rate(self.lr_outer), rate(self.lr_inner), jnp.minimum(tau, 1.0)

@@ -24,7 +24,7 @@ import jax
 
 from ...problem import BilevelProblem
 from ...sampling import Minibatches
-from ...schedules import as_schedule
+from ...schedules import step_size
 from ..base import IterateState, Solver
 from ..common import inner_sgd
 from ..registry import register
@@ -81,7 +81,7 @@ class ITD(Solver):
     ) -> tuple[PyTree, PyTree]:
         """``(grad F_N(x), y_N)`` for the loop started at ``y`` (``mb``: ``outer=1``,
         ``inner=N``)."""
-        lr, y0 = as_schedule(self.lr_inner)(k), jax.lax.stop_gradient(y)
+        lr, y0 = step_size(self.lr_inner, k), jax.lax.stop_gradient(y)
 
         def unrolled_outer(x_):  # F_N(x) = f(x, y_N(x)), y_N a lax.scan of N steps
             y_N = inner_sgd(problem, mb, x_, y0, lr, self.inner_steps)
@@ -100,7 +100,7 @@ class ITD(Solver):
         y_start = state.y if self.warm_start else problem.y0
         hypergrad, y = self.hypergradient(problem, state.x, y_start, mb, state.k)
         x_new, outer_state = self.outer_step(
-            problem, state.x, hypergrad, state.outer_state, as_schedule(self.lr_outer)(state.k)
+            problem, state.x, hypergrad, state.outer_state, step_size(self.lr_outer, state.k)
         )
         counts = state.counts.add(
             samples_outer=mb.samples_outer,
