@@ -21,17 +21,17 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 
 from .. import oracles
-from .._tree import tree_axpy, tree_norm, tree_sub, tree_vdot, tree_zeros_like
+from .._tree import tree_axpy, tree_norm, tree_sub, tree_zeros_like
 from ..metrics import inner_solution
 from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..sampling import Minibatches
 from ..schedules import step_size
-from .base import OuterState, Solver, _is_auto
+from .base import OuterState, _is_auto
 from .common import implicit_hypergradient, inner_sgd
+from .frank_wolfe import FrankWolfeSolver, dense_adjoint, frank_wolfe_step, merge_counts
 from .registry import register
 
 PyTree = Any
@@ -63,7 +63,7 @@ def horizon_step(horizon: float, rule: str) -> float:
 
 @register("ibcg")
 @dataclasses.dataclass(frozen=True)
-class IBCG(Solver):
+class IBCG(FrankWolfeSolver):
     r"""IBCG (Abolfazli et al., Algorithm 1); per iteration k, from ``w_0 = y_0``::
 
         w_{k+1} = w_k - eta (d2g/dy2(x_k, y_k) w_k - grad_y f(x_k, y_k))     (line 4)
@@ -116,7 +116,6 @@ class IBCG(Solver):
         "Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani: An Inexact Conditional Gradient "
         "Method for Constrained Bilevel Optimization (preprint)"
     )
-    needs_bounded_set: ClassVar[bool] = True
     auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner", "lr_adjoint")
 
     def validate(self) -> None:
@@ -142,11 +141,7 @@ class IBCG(Solver):
         number = isinstance(h, int | float) and not isinstance(h, bool)
         if h is not None and not (number and h >= 1):
             raise ValueError(f"{cls}(horizon={h!r}) must be a number of steps >= 1 or None.")
-        if self.outer_optimizer != "sgd":
-            raise ValueError(
-                f"{cls}(outer_optimizer={self.outer_optimizer!r}): a Frank-Wolfe step is the "
-                "convex combination x + gamma (s - x); only 'sgd' (no transform) applies."
-            )
+        self._check_plain_steps()
 
     def resolve(self, problem: BilevelProblem) -> IBCG:
         """Fill ``"auto"`` steps: gamma from the horizon, alpha and eta from ``bl.diagnose``."""
@@ -192,9 +187,7 @@ class IBCG(Solver):
     def _adjoint(self, problem: BilevelProblem, x, y, w, grad_y_f, batch, eta):
         """``(w_{k+1}, counts)``: line 4, or the exact ``[d2g/dy2]^{-1} grad_y f`` (eq. (6))."""
         if self.hessian_inverse == "exact":
-            flat, unravel = ravel_pytree(grad_y_f)
-            hess = oracles.hessian_yy(problem.inner, x, y, batch)
-            return unravel(jnp.linalg.solve(hess, flat)), {"dense": 1}
+            return dense_adjoint(problem, x, y, grad_y_f, batch), {"dense": 1}
         residual = tree_sub(oracles.hvp_yy(problem.inner, x, y, batch, w), grad_y_f)
         return tree_axpy(-eta, residual, w), {"hvp": 1}
 
@@ -217,30 +210,14 @@ class IBCG(Solver):
             problem, x, y, state.w, grad_y_f, mb.inner(HVP_DRAW), eta
         )  # line 4: w_{k+1} from (x_k, y_k, w_k)
         hypergrad = implicit_hypergradient(problem, x, y, w, grad_x_f, mb.inner(CROSS_DRAW))
-        vertex = problem.x_set.lmo(hypergrad)  # line 6
-        to_vertex = tree_sub(vertex, x)
-        x_new = tree_axpy(gamma, to_vertex, x)  # line 7
+        x_new, gap = frank_wolfe_step(problem, x, hypergrad, gamma)  # lines 6-7
         y_new, inner_counts = self._inner(problem, mb, x_new, y, alpha)  # line 8
         counts = state.counts.add(
             samples_outer=mb.samples_outer,
             samples_inner=mb.samples_inner,
             grad_f=1,  # both partials of f, fused
             cross=1,
-            **_merge(adjoint_counts, inner_counts),
+            **merge_counts(adjoint_counts, inner_counts),
         )
         outer_state = OuterState(state.outer_state.opt, tree_norm(hypergrad))
-        gap = -tree_vdot(hypergrad, to_vertex)  # <F_k, x_k - s_k>
         return IBCGState(x_new, y_new, w, state.k + 1, key, counts, outer_state, gap)
-
-    def state_metrics(self, state: IBCGState) -> dict[str, jax.Array]:
-        """``hypergrad_estimate_norm`` (||F_k||) and ``fw_gap_estimate`` (<F_k, x_k - s_k>)."""
-        return super().state_metrics(state) | {"fw_gap_estimate": state.fw_gap_estimate}
-
-
-def _merge(*counts: dict[str, int]) -> dict[str, int]:
-    """The sum of several ``{kind: calls}`` dicts."""
-    out: dict[str, int] = {}
-    for c in counts:
-        for kind, n in c.items():
-            out[kind] = out.get(kind, 0) + n
-    return out

@@ -165,14 +165,25 @@ class FixedPoint(_Krylov):
 @dataclasses.dataclass(frozen=True)
 class Neumann(Adjoint):
     r"""The truncated Neumann series with an independent Hessian per factor (Ji, Yang & Liang
-    2021, Alg. 3): ``v = eta sum_{q<N} prod_{j=1}^{q} (I - eta H_j) rhs``, N - 1 products."""
+    2021, Alg. 3): ``v = eta sum_{q<N} prod_{j=1}^{q} (I - eta H_j) rhs``, N - 1 products.
+
+    ``active_terms`` (a traced int <= N, or None = N) runs a shorter series this step: the
+    length that grows with the iteration count, ``t_max(k) = (L_g/mu_g) log(k + 1)``, of TTSA as
+    run in the IBCG paper (App. G.1); N then only bounds the Hessian samples declared.
+    """
 
     lr: Any
-    num_terms: int
+    num_terms: Any
+    active_terms: Any = None
 
     @property
     def draws(self) -> int:
         return self.num_terms - 1
+
+    @property
+    def terms(self) -> Any:
+        """The series length this step (``active_terms``, or N)."""
+        return self.num_terms if self.active_terms is None else self.active_terms
 
     def solve(self, hessian, rhs, key, v0=None):
         del key, v0
@@ -180,25 +191,36 @@ class Neumann(Adjoint):
         def factor(v, q):  # q = 1..N-1: factor q uses Hessian sample q - 1
             return hessian(q - 1)(v)
 
-        v = linsolve.neumann(factor, rhs, lr=self.lr, num_terms=self.num_terms, indexed=True)
-        return v, self.num_terms - 1
+        v = linsolve.neumann(factor, rhs, lr=self.lr, num_terms=self.terms, indexed=True)
+        return v, self.terms - 1
+
+    def draws_used(self, products):
+        # a shorter series leaves the declared samples past its products unused
+        return self.draws if self.active_terms is None else products
 
 
 @dataclasses.dataclass(frozen=True)
 class RandomNeumann(Neumann):
     r"""The randomised Neumann product (Ghadimi & Wang 2018, Alg. 3; Hong et al. 2020, TTSA):
     ``v = N eta prod_{j=1}^{p} (I - eta H_j) rhs`` with ``p ~ U{0, ..., N-1}`` from ``key``, so
-    p products (traced). Same mean as :class:`Neumann`."""
+    p products (traced). Same mean as :class:`Neumann`.
+
+    ``first = 1`` draws ``p ~ U{1, ..., N}`` instead: SBFW's estimate ``M`` as the IBCG paper
+    writes it (App. G.1, ``l in {1, ..., k}``); N (``num_terms``) may be traced there.
+    """
+
+    first: int = 0
 
     def solve(self, hessian, rhs, key, v0=None):
         del v0
-        p = jax.random.randint(key, (), 0, self.num_terms)
+        n = self.terms
+        p = jax.random.randint(key, (), self.first, n + self.first)
 
         def factor(j, v):  # j = 0..p-1
             return tree_axpy(-self.lr, hessian(j)(v), v)
 
         v = jax.lax.fori_loop(0, p, factor, rhs)
-        return jax.tree.map(lambda leaf: self.num_terms * self.lr * leaf, v), p
+        return jax.tree.map(lambda leaf: n * self.lr * leaf, v), p
 
     def draws_used(self, products):
         return products
@@ -308,6 +330,12 @@ class ImplicitSolver(Solver):
     def adjoint(self) -> Adjoint:
         """The strategy for ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (built from the fields)."""
 
+    def adjoint_at(self, k) -> Adjoint:
+        """The strategy at iteration k (``k=None``: the declared one, :meth:`adjoint`); a preset
+        whose estimate changes with k (TTSA's growing Neumann length) overrides this."""
+        del k
+        return self.adjoint()
+
     def step_sizes(self, k) -> tuple[Any, Any]:
         """``(alpha_k, beta_k)``: the outer and inner steps at iteration k
         (:func:`bilevel.schedules.step_size`). Without ``regimes``, floats are constant steps and
@@ -359,11 +387,12 @@ class ImplicitSolver(Solver):
             raise ValueError(f"{cls}({name}=...) must be a positive float, got {value!r}.")
 
     def estimate(
-        self, problem: BilevelProblem, x, y, mb: Minibatches, beta, key=None, v=None
+        self, problem: BilevelProblem, x, y, mb: Minibatches, beta, key=None, v=None, k=None
     ) -> Estimate:
         """Steps 1-3 of the module docstring on the draws of ``mb`` (laid out by :meth:`draws`);
-        ``v`` is the carried adjoint iterate (None when the strategy carries none)."""
-        draws, adjoint = self.draws(), self.adjoint().at_inner_step(beta)
+        ``v`` is the carried adjoint iterate (None when the strategy carries none), ``k`` the
+        iteration count (for :meth:`adjoint_at`)."""
+        draws, adjoint = self.draws(), self.adjoint_at(k).at_inner_step(beta)
         y_new = inner_sgd(problem, mb, x, y, beta, draws.steps)
         y_eval = y if self.two_timescale else y_new  # TTSA (7): both updates at (x^k, y^k)
         grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y_eval, mb.outer(0))
@@ -381,12 +410,14 @@ class ImplicitSolver(Solver):
 
     def hypergradient(self, problem: BilevelProblem, x, y, mb: Minibatches, k=0, key=None):
         """``(hypergradient estimate, y after the inner steps)`` from ``y`` (ITD's signature)."""
-        est = self.estimate(problem, x, y, mb, self.step_sizes(k)[1], key)
+        est = self.estimate(problem, x, y, mb, self.step_sizes(k)[1], key, k=k)
         return est.direction, est.y
 
-    def step_counts(self, problem: BilevelProblem, mb: Minibatches, products) -> dict[str, Any]:
+    def step_counts(
+        self, problem: BilevelProblem, mb: Minibatches, products, k=None
+    ) -> dict[str, Any]:
         """The step's calls and samples: from the declared draws and the products made."""
-        draws, adjoint = self.draws(), self.adjoint()
+        draws, adjoint = self.draws(), self.adjoint_at(k)
         # samples a random strategy declared but did not use (none when they are the steps')
         unused = 0 if draws.hessian_shares_step else draws.hessian - adjoint.draws_used(products)
         per_draw = batch_count(problem.inner_data, getattr(self, "batch_size", None))
@@ -412,9 +443,9 @@ class ImplicitSolver(Solver):
         alpha, beta = self.step_sizes(state.k)
         y = state.y if getattr(self, "warm_start", True) else problem.y0
         v = getattr(state, "v", None)
-        est = self.estimate(problem, state.x, y, mb, beta, *adjoint_key, v=v)
+        est = self.estimate(problem, state.x, y, mb, beta, *adjoint_key, v=v, k=state.k)
         x, outer_state = self.outer_step(problem, state.x, est.direction, state.outer_state, alpha)
-        counts = state.counts.add(**self.step_counts(problem, mb, est.products))
+        counts = state.counts.add(**self.step_counts(problem, mb, est.products, state.k))
         if est.v is not None:
             return AdjointState(x, est.y, est.v, state.k + 1, key, counts, outer_state)
         return IterateState(x, est.y, state.k + 1, key, counts, outer_state)

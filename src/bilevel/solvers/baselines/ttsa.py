@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+import jax.numpy as jnp
+
+from ...problem import BilevelProblem
 from ..base import IterateState
-from ..implicit import StochasticApproximation
+from ..implicit import Adjoint, StochasticApproximation
 from ..registry import register
 
 __all__ = ["TTSA", "TTSAState", "TTSA_REGIMES"]
@@ -66,7 +69,15 @@ class TTSA(StochasticApproximation):
         batch_size: size of every minibatch (None = full data).
         neumann_steps: N, terms of the Neumann series (N - 1 Hessian samples). NOT IN PAPER:
             the papers take N = O((L_g/mu_g) log(1/eps)); 50 gives a relative bias
-            (1 - mu_g/L_g)^50 = 5e-3 at condition number 10.
+            (1 - mu_g/L_g)^50 = 5e-3 at condition number 10. ``"growing"``: TTSA as the IBCG
+            paper runs it (Abolfazli et al., App. G.1; spec ibcg.md 2.4), N at iteration k is
+            ``t_max(k) = max(1, ceil((L_g/mu_g) log(k + 1)))`` (the paper writes no rounding,
+            and t_max(0) = 0: ceil and the floor at 1 are ours), at most ``max_neumann``.
+        max_neumann: the cap of the growing length, and the Hessian samples declared per step
+            under ``neumann_steps="growing"`` (those past t_max(k) are not drawn, nor counted).
+            1000 reaches past t_max(10^4) = 921 at L_g/mu_g = 100.
+        condition_number: L_g/mu_g of t_max(k); ``None`` (default): from ``bl.diagnose`` at
+            (x0, y0) when ``neumann_steps="growing"`` (unused otherwise).
         neumann_lr: eta = c_h / L_g with c_h in (0, 1]; "auto" (default) is 1/L_g (c_h = 1).
         hessian_inverse: "sum" or "random" (see above).
         regime: "constant" (nonconvex theorem: constant alpha ~ K^-3/5, beta ~ K^-2/5) or
@@ -85,12 +96,66 @@ class TTSA(StochasticApproximation):
     lr_outer: Any = 0.01
     lr_inner: Any = "auto"
     batch_size: int | None = None
-    neumann_steps: int = 50
+    neumann_steps: int | str = 50
     neumann_lr: Any = "auto"
     hessian_inverse: str = "sum"
     regime: str = "constant"
     k0: float = 100.0
+    max_neumann: int = 1000
+    condition_number: float | None = None
 
     name: ClassVar[str] = "ttsa"
     regimes: ClassVar[dict[str, tuple[float, float]]] = TTSA_REGIMES
     two_timescale: ClassVar[bool] = True  # (7a) and (7b) both at (x^k, y^k); phi^k in both
+
+    @property
+    def growing(self) -> bool:
+        """Whether the Neumann length grows as t_max(k) (the IBCG paper's TTSA)."""
+        return self.neumann_steps == "growing"
+
+    def adjoint(self) -> Adjoint:
+        if not self.growing:
+            return super().adjoint()
+        # the declared strategy: max_neumann terms bound the Hessian samples of a step
+        return dataclasses.replace(self, neumann_steps=self.max_neumann).adjoint()
+
+    def neumann_length(self, k) -> Any:
+        """``t_max(k) = max(1, ceil(kappa log(k + 1)))``, at most ``max_neumann`` (traced)."""
+        if self.condition_number is None:
+            raise ValueError(
+                "TTSA(neumann_steps='growing') needs condition_number = L_g/mu_g: call "
+                "solver.resolve(problem) (bl.solve does it) or give it."
+            )
+        kf = jnp.asarray(k, dtype=jnp.result_type(float))
+        t = jnp.ceil(self.condition_number * jnp.log(kf + 1.0)).astype(jnp.int32)
+        return jnp.clip(t, 1, self.max_neumann)
+
+    def adjoint_at(self, k) -> Adjoint:
+        if not self.growing or k is None:
+            return self.adjoint()
+        return dataclasses.replace(self.adjoint(), active_terms=self.neumann_length(k))
+
+    def validate(self) -> None:
+        if not self.growing:
+            return super().validate()
+        m = self.max_neumann
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"TTSA(max_neumann=...) must be an int >= 1, got {m!r}.")
+        kappa = self.condition_number
+        if kappa is not None and not (isinstance(kappa, int | float) and kappa >= 1):
+            raise ValueError(f"TTSA(condition_number=...) must be L_g/mu_g >= 1, got {kappa!r}.")
+        return dataclasses.replace(self, neumann_steps=m).validate()
+
+    def resolve(self, problem: BilevelProblem) -> TTSA:
+        solver = super().resolve(problem)
+        if solver.growing and solver.condition_number is None:
+            from ...diagnose import diagnose
+
+            d = diagnose(problem)
+            if not (d.mu_g > 0 and d.L_g >= d.mu_g):
+                raise ValueError(
+                    f"TTSA(neumann_steps='growing') needs L_g/mu_g, but bl.diagnose estimated "
+                    f"mu_g = {d.mu_g:.3g}, L_g = {d.L_g:.3g} at (x0, y0); give condition_number."
+                )
+            solver = dataclasses.replace(solver, condition_number=float(d.L_g / d.mu_g))
+        return solver
