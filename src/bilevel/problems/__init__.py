@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
+from .coreset_toy import CoresetReference, coreset_toy
 from .hyper_cleaning import hyper_cleaning, hyper_cleaning_dataset, retrain, train_without_bilevel
 from .hyper_representation import (
     deep_hyper_representation,
@@ -23,6 +24,8 @@ from .quadratic import QuadraticReference, quadratic
 __all__ = [
     "quadratic",
     "QuadraticReference",
+    "coreset_toy",
+    "CoresetReference",
     "hyper_cleaning",
     "hyper_cleaning_dataset",
     "train_without_bilevel",
@@ -88,6 +91,12 @@ register(
     "finite-sum version of 'quadratic' (2000 samples per level; noisy gradients, Hessians "
     "and cross derivatives)",
     hints={"lr_outer": 0.05, "lr_inner": 0.05},
+)
+register(
+    "coreset-toy",
+    coreset_toy,
+    "IBCG Sec. 5.1 2-D coreset toy on the 4-simplex (mu_g=1 by default, L_g=4; A and the "
+    "points are documented choices); deterministic, closed form",
 )
 register(
     "hyper-cleaning",
