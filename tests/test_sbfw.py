@@ -1,0 +1,191 @@
+"""SBFW (Akhtar, Bedi, Thomdapu, Rajawat, IEEE TSP 2022) as the IBCG paper runs it (App. G.1).
+
+1. numpy replicas of the update, step by step at rtol 1e-11: the exact-inverse variant
+   (deterministic) and the Neumann variant (l rebuilt from the step's key: the same l at the old
+   and the new point);
+2. the clipping of rho_k, eta_k and d_1 = h(x_1, y_1); the tuned variant's scaling;
+3. on the simplex-constrained quadratic of tests/test_ibcg.py, SBFW-exact converges; on the toy
+   at mu_g = 0.1, SBFW with the theory steps stalls far above IBCG (Fig. 3), as measured;
+4. bad options.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_ibcg import DX, DY, np_project_simplex, simplex_problem  # noqa: F401
+
+import bilevel as bl
+from bilevel.solvers.baselines.sbfw import ETA_1, sbfw_weights
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return simplex_problem()
+
+
+def np_h(ref, x, y, inverse):
+    """h(x, y) = grad_x f - d2g/dxdy M-term on the quadratic: d2g/dxdy v = -B'v, so
+    h = grad_x f + B' inverse(grad_y f)."""
+    grad_y_f = y - ref.D @ x - ref.e
+    grad_x_f = -ref.D.T @ grad_y_f + ref.rho * x
+    return grad_x_f + ref.B.T @ inverse(grad_y_f)
+
+
+def np_sbfw(ref, x, y, eta_1, a0, steps, inverse_at):
+    """App. G.1 from the paper, k = 1..steps, x_1 = x_0, d_0 = 0, rho_k and eta_k clipped."""
+    x_prev, d, out = x, np.zeros_like(x), []
+    for k in range(1, steps + 1):
+        rho = min(1.0, 2 / np.sqrt(k))
+        eta = min(1.0, eta_1 * (2 / (k + 1)) ** 0.75)  # eta_1 = 2/2^{3/4}: 2/(k+1)^{3/4}
+        delta = a0 / np.sqrt(k)
+        y_new = y - delta * (ref.A @ y - ref.B @ x_prev - ref.b)  # at (x_{k-1}, y_{k-1})
+        inverse = inverse_at(k)
+        d = (1 - rho) * (d - np_h(ref, x_prev, y, inverse)) + np_h(ref, x, y_new, inverse)
+        s = np.zeros_like(x)
+        s[np.argmin(d)] = 1.0
+        gap = d @ (x - s)
+        x_prev, x, y = x, (1 - eta) * x + eta * s, y_new
+        out.append((x, y, d, gap))
+    return out
+
+
+def _run(solver, p, steps):
+    state = solver.init(p, jax.random.key(3))
+    step = jax.jit(solver.step)
+    states = []
+    for _ in range(steps):
+        states.append(state := step(p, state))
+    return states
+
+
+def _check(states, expected):
+    for state, (x, y, d, gap) in zip(states, expected, strict=True):
+        np.testing.assert_allclose(state.x, x, rtol=1e-11, atol=1e-14)
+        np.testing.assert_allclose(state.y, y, rtol=1e-11, atol=1e-14)
+        np.testing.assert_allclose(state.d, d, rtol=1e-11, atol=1e-14)
+        np.testing.assert_allclose(state.fw_gap_estimate, gap, rtol=1e-11, atol=1e-13)
+
+
+def test_exact_inverse_matches_numpy_replica(problem):
+    """Float64 both ways, a dense solve each: rtol 1e-11. Default eta_1 = 2/2^{3/4} > 1, so the
+    first step is clipped to eta = 1 (x_2 = s_1)."""
+    ref = problem.reference
+    y0 = np.random.default_rng(0).normal(size=DY)
+    p = problem.replace(y0=jnp.asarray(y0))
+    solver = bl.solvers.make("sbfw", lr_inner=0.05, neumann_lr=0.1, hessian_inverse="exact")
+    A_inv = np.linalg.inv(ref.A)
+    expected = np_sbfw(ref, np.asarray(p.x0), y0, ETA_1, 0.05, 8, lambda k: lambda v: A_inv @ v)
+    states = _run(solver, p, 8)
+    _check(states, expected)
+    counts = states[-1].counts
+    assert int(counts.dense) == 16 and int(counts.cross) == 16 and int(counts.grad_g) == 8
+    assert int(counts.hvp) == 0
+
+
+def test_neumann_matches_numpy_replica_with_one_l_per_step(problem):
+    """M = (k/L_g) prod_{i=1}^{l} (I - A/L_g), l ~ U{1..k} drawn from the step's third key and
+    shared by h at the old and the new point (STORM: one sample, two points)."""
+    ref = problem.reference
+    L = 10.0
+    solver = bl.solvers.make("sbfw", lr_inner=0.05, neumann_lr=1 / L)
+    states = _run(solver, problem, 6)
+    keys = [jax.random.key(3)] + [s.key for s in states[:-1]]
+    ls = [
+        int(jax.random.randint(jax.random.split(k, 3)[2], (), 1, i + 2)) for i, k in enumerate(keys)
+    ]
+    factor = np.eye(DY) - ref.A / L
+
+    def inverse_at(k):
+        return lambda v: (k / L) * np.linalg.matrix_power(factor, ls[k - 1]) @ v
+
+    expected = np_sbfw(ref, np.asarray(problem.x0), np.zeros(DY), ETA_1, 0.05, 6, inverse_at)
+    _check(states, expected)
+    assert int(states[-1].counts.hvp) == 2 * sum(ls)
+
+
+def test_steps_are_clipped_and_the_momentum_starts_at_h1(problem):
+    """rho_k = 2/k^{1/2} >= 1 for k <= 4 and eta_k = 2/(k+1)^{3/4} > 1 for k in {0, 1}: clipped
+    to 1 (k = steps done + 1; eta_0 is sbfw_weights(-1)). rho_1 = 1 makes d_1 = h(x_1, y_1)."""
+    rho, eta, _ = jax.vmap(sbfw_weights)(jnp.arange(-1, 6))
+    np.testing.assert_allclose(rho[1:5], 1.0)  # paper k = 1..4
+    np.testing.assert_allclose(rho[5], 2 / np.sqrt(5), rtol=1e-14)
+    np.testing.assert_allclose(eta[:2], 1.0)  # paper k = 0, 1 (unclipped: 2 and 1.19)
+    np.testing.assert_allclose(eta[2], 2 / 3**0.75, rtol=1e-14)
+    ref = problem.reference
+    solver = bl.solvers.make("sbfw", lr_inner=0.05, neumann_lr=0.1, hessian_inverse="exact")
+    state = solver.step(problem, solver.init(problem, jax.random.key(0)))
+    x0 = np.asarray(problem.x0)
+    y1 = 0.05 * (ref.B @ x0 + ref.b)  # y_0 = 0
+    h1 = np_h(ref, x0, y1, lambda v: np.linalg.solve(ref.A, v))
+    np.testing.assert_allclose(state.d, h1, rtol=1e-12)
+
+
+def test_tuned_variant_scales_delta_by_5_and_eta_by_a_tenth(problem):
+    """Fig. 4's tuning is the theory run with delta_1 x 5 and eta_1 x 0.1 (same program)."""
+    common = {"neumann_lr": 0.1, "hessian_inverse": "exact"}
+    tuned = bl.solvers.make("sbfw", lr_outer=0.8, lr_inner=0.01, variant="tuned", **common)
+    plain = bl.solvers.make("sbfw", lr_outer=0.08, lr_inner=0.05, **common)
+    a, b = _run(tuned, problem, 4)[-1], _run(plain, problem, 4)[-1]
+    np.testing.assert_allclose(a.x, b.x, rtol=1e-13)
+    np.testing.assert_allclose(a.y, b.y, rtol=1e-13)
+
+
+def test_exact_inverse_converges_on_the_simplex(problem):
+    """The simplex quadratic of test_ibcg.py, paper steps (a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)}
+    = 0.005 from bl.diagnose), K = 3000: the exact FW gap falls 4.6 -> 0.043 (measured;
+    asserted 50x) and the estimate's gap is positive after the start."""
+    res = bl.solve(
+        problem, bl.solvers.make("sbfw", hessian_inverse="exact"), 3000, eval_every=500,
+        progress=False,
+    )  # fmt: skip
+    np.testing.assert_allclose(res.solver.lr_inner, 0.005, rtol=1e-6)
+    gap = res.history.fw_gap.to_numpy()
+    assert gap[-1] <= gap[0] / 50 and (gap >= -1e-12).all()
+
+
+def test_theory_steps_stall_on_the_toy_where_ibcg_converges():
+    """Fig. 3 (mu_g = 0.1, K = 10^3): a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)} = 0.1/32 leaves
+    theta near theta_0, so SBFW stalls. Measured l(lambda_K) - l*: IBCG 8.1e-3, SBFW 3.6,
+    SBFW with Hessian inverse 3.0 (above the start's 0.95); asserted: SBFW > 100x IBCG."""
+    p = bl.problems.coreset_toy(mu_g=0.1)
+    gaps = {}
+    for name, solver in {
+        "ibcg": bl.solvers.make("ibcg", gamma_rule="convex"),
+        "sbfw": bl.solvers.make("sbfw"),
+        "sbfw-exact": bl.solvers.make("sbfw", hessian_inverse="exact"),
+    }.items():
+        res = bl.solve(p, solver, 1000, eval_every=1000, progress=False, seed=0)
+        gaps[name] = float(res.history.F_gap.iloc[-1])
+    assert gaps["ibcg"] < 0.02
+    assert gaps["sbfw"] > 100 * gaps["ibcg"] and gaps["sbfw-exact"] > 100 * gaps["ibcg"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"hessian_inverse": "cg"}, "hessian_inverse"),
+        ({"variant": "fast"}, "variant"),
+        ({"max_neumann": 0}, "max_neumann"),
+        ({"neumann_lr": -1.0}, "neumann_lr"),
+        ({"outer_optimizer": "adam"}, "convex combination"),
+    ],
+)
+def test_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bl.solvers.make("sbfw", **kwargs)
+
+
+def test_needs_a_bounded_set():
+    q = bl.problems.quadratic(dx=3, dy=4)
+    solver = bl.solvers.make("sbfw", lr_inner=0.1, neumann_lr=0.1)
+    with pytest.raises(ValueError, match="Frank-Wolfe method: it needs a bounded"):
+        bl.solve(q, solver, 10, progress=False)
+
+
+def test_max_neumann_caps_the_products(problem):
+    """With max_neumann = 2, l <= 2 at every step: at most 4 HVPs per step."""
+    solver = bl.solvers.make("sbfw", lr_inner=0.05, neumann_lr=0.1, max_neumann=2)
+    states = _run(solver, problem, 10)
+    hvps = np.diff([0] + [int(s.counts.hvp) for s in states])
+    assert (hvps <= 4).all() and (hvps >= 2).all()
