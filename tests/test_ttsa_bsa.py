@@ -265,3 +265,42 @@ def test_stochastic_quadratic_5_seeds_10x(name):
     res = bl.solve(p, solver, steps=600, seeds=range(5), eval_every=300, progress=False)
     mean = res.history.groupby("step").grad_norm.mean()
     assert mean.iloc[-1] <= mean.iloc[0] / 10, mean
+
+
+# ---- TTSA as run in the IBCG paper: the Neumann length grows as t_max(k) ----------------------
+@pytest.mark.parametrize("estimator", ["sum", "random"])
+def test_growing_neumann_length_follows_t_max(quad, estimator):
+    """IBCG paper App. G.1 (spec ibcg.md 2.4): t_max(k) = max(1, ceil((L_g/mu_g) log(k+1))).
+    "sum" makes t_max(k) - 1 products at step k exactly; "random" p ~ U{0..t_max(k)-1}."""
+    import math
+
+    solver = bl.solvers.make(
+        "ttsa", lr_outer=0.05, neumann_steps="growing", hessian_inverse=estimator
+    )
+    solver = solver.resolve(quad)
+    kappa = solver.condition_number
+    np.testing.assert_allclose(kappa, 10.0, rtol=1e-6)  # mu_g = 1, L_g = 10
+    state, step, previous = solver.init(quad, jax.random.key(0)), jax.jit(solver.step), 0
+    for k in range(40):
+        state = step(quad, state)
+        products, previous = int(state.counts.hvp) - previous, int(state.counts.hvp)
+        t_max = max(1, math.ceil(kappa * math.log(k + 1)))
+        if estimator == "sum":
+            assert products == t_max - 1, k
+        else:
+            assert 0 <= products <= t_max - 1, k
+
+
+def test_growing_neumann_length_is_capped_and_validated(quad):
+    solver = bl.solvers.make(
+        "ttsa", lr_outer=0.05, lr_inner=0.1, neumann_lr=0.1, neumann_steps="growing",
+        max_neumann=5, condition_number=10.0,
+    )  # fmt: skip
+    state = solver.init(quad, jax.random.key(0))
+    for _ in range(30):
+        state = solver.step(quad, state)
+    assert int(state.counts.hvp) <= 30 * 4
+    with pytest.raises(ValueError, match="max_neumann"):
+        bl.solvers.make("ttsa", neumann_steps="growing", max_neumann=0)
+    with pytest.raises(ValueError, match="condition_number"):
+        bl.solvers.make("ttsa", neumann_steps="growing", condition_number=0.5)

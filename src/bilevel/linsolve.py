@@ -273,8 +273,9 @@ def neumann(
         b: Right-hand side, a pytree of real arrays.
         lr: Step size ``η > 0`` (may be traced, in which case it is not validated).
         num_terms: Number of terms ``Q``, a static Python int ``>= 1``; ``Q = 1`` returns
-            ``lr * b``. A traced int (a length that changes with the iteration, TTSA's
-            ``t_max(k)``) runs a ``lax.fori_loop`` instead (not reverse-differentiable).
+            ``lr * b``. An int array, maybe traced (a length that changes with the
+            iteration, TTSA's ``t_max(k)``), runs a ``lax.fori_loop`` instead (not
+            reverse-differentiable).
         indexed: Pass the term index ``q`` to ``matvec`` as a second argument.
 
     Returns:
@@ -290,7 +291,8 @@ def neumann(
         Ji, Yang & Liang, "Bilevel optimization: convergence analysis and enhanced design",
         ICML 2021 (stocBiO, Algorithm 3). Also Lorraine et al., AISTATS 2020.
     """
-    if not isinstance(num_terms, jax.core.Tracer):
+    dynamic = isinstance(num_terms, jax.Array)  # a length computed at run time (maybe traced)
+    if not dynamic:
         num_terms = _check_count("num_terms", num_terms, 1)
     _check_positive("lr", lr)
     b = _as_float_arrays(b)
@@ -302,7 +304,7 @@ def neumann(
         new = (term, tree_add(total, term))
         return _match_dtypes(new, carry), None
 
-    if isinstance(num_terms, jax.core.Tracer):  # a length known only at run time: a while loop
+    if dynamic:  # a while loop, as the length may be known only at run time
         _, total = jax.lax.fori_loop(1, num_terms, lambda q, c: step(c, q)[0], (b, b))
         return _match_dtypes(tree_scale(lr, total), b)
     # q = 1, ..., Q-1 (the index is scanned over even when unused; it costs nothing).
