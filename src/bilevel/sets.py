@@ -566,8 +566,10 @@ class NuclearBall:
     @jax.jit
     def lmo_warm(self, g: PyTree, start: jax.Array | None = None) -> tuple[PyTree, jax.Array]:
         """``(S, v_1)``: ``lmo(g, start)`` and the right singular vector it found, to pass as
-        the next call's ``start``. A Frank-Wolfe method whose direction moves by O(gamma) per
-        step (IBCG) keeps ``v_1`` in its state, so Lanczos starts next to the answer.
+        the next call's ``start``. A Frank-Wolfe method whose direction keeps its top singular
+        vector from step to step gains from it; in IBCG on matrix completion it does not (the
+        FW step removes the direction it moved along, so the next top vector is nearly
+        orthogonal: see ``IBCG.lmo_warm_start``).
 
         Args:
             g: the direction, a single 2-D array (or a one-leaf pytree).
