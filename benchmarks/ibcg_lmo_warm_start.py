@@ -13,9 +13,10 @@ Run: ``python benchmarks/ibcg_lmo_warm_start.py [--size 250] [--steps 200] [--la
 
 Measured (summed scaling, 150 steps, 2 shared cores at load ~5.5, so times are rough): the
 worst vertex over steps >= 1 is 4.6e-2 / 1.4e-5 / 1.6e-15 / 1.6e-15 relative cold and
-1.8e-2 / 1.5e-3 / 1.5e-15 / 1.4e-15 warm at 8 / 12 / 16 / 48 Lanczos steps; median step
-1.6 / 1.6 / 1.7 / 2.9 ms cold and 0.8 / 0.9 / 1.0 / 2.5 ms warm (the warm runs came later in
-a fluctuating load; the two modes do the same Lanczos work). No step count is saved: successive
+1.8e-2 / 1.5e-3 / 1.5e-15 / 1.4e-15 warm at 8 / 12 / 16 / 48 Lanczos steps (step 0, cold in
+both modes, is 1.3e-5 at 16). Timed with warm and cold steps interleaved (100 each, median):
+1.02 ms cold vs 1.02 ms warm at 16 Lanczos steps, 2.21 vs 2.23 ms at 48; this script's own
+sequential timings drift with the load and are not a comparison. No step count is saved: successive
 top singular vectors have |cos| ~ 0.01, because the FW step along ``-r u v^T`` removes that
 direction from the next F_k.
 """
