@@ -137,3 +137,20 @@ def test_cli_sweep_static_field_is_one_error_line(tmp_path):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "batch_size" in lines[0]
+
+
+def test_ibcg_auto_gamma_gets_the_horizon_from_steps():
+    """``bl.sweep`` fills ``horizon=None`` with ``steps`` as ``bl.solve`` does, so IBCG's
+    ``lr_outer="auto"`` (gamma = 1/sqrt(K)) resolves; each point matches its own solve."""
+    dx = 4
+    quad = bl.problems.quadratic(dx=dx, dy=6)
+    problem = quad.replace(x_set=bl.sets.Simplex(), x0=np.full(dx, 1.0 / dx))
+    run = dict(steps=40, eval_every=20, progress=False)
+    swept = bl.sweep(problem, "ibcg", grid={"lr_inner": [0.05, 0.1]}, lr_outer="auto", **run)
+    assert len(swept) == 2 * 3 and swept.attrs["diverged"] == []
+    for lr_inner in (0.05, 0.1):
+        solver = bl.solvers.make("ibcg", lr_inner=lr_inner)
+        expected = bl.solve(problem, solver, **run).history.reset_index(drop=True)
+        got = swept[swept.lr_inner == lr_inner].reset_index(drop=True)
+        for column in ("x_err", "fw_gap_estimate", "outer_loss"):
+            np.testing.assert_allclose(got[column], expected[column], rtol=1e-12, err_msg=column)

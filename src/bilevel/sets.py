@@ -561,10 +561,31 @@ class NuclearBall:
         optional guess of the right singular vector ``v_1`` (a warm start from a previous
         gradient). ``S = 0`` when ``G = 0``.
         """
+        return self.lmo_warm(g, start)[0]
+
+    @jax.jit
+    def lmo_warm(self, g: PyTree, start: jax.Array | None = None) -> tuple[PyTree, jax.Array]:
+        """``(S, v_1)``: ``lmo(g, start)`` and the right singular vector it found, to pass as
+        the next call's ``start``. A Frank-Wolfe method whose direction keeps its top singular
+        vector from step to step gains from it; in IBCG on matrix completion it does not (the
+        FW step removes the direction it moved along, so the next top vector is nearly
+        orthogonal: see ``IBCG.lmo_warm_start``).
+
+        Args:
+            g: the direction, a single 2-D array (or a one-leaf pytree).
+            start: a guess of ``v_1`` shaped like :meth:`warm_start_like`'s output; a zero
+                vector (or ``None``) is a cold start.
+        """
         m, rebuild = self._matrix(g)
         u, v = _top_singular_pair(m, self.lanczos_steps, start)
         s = -self.radius * jnp.outer(u, v)
-        return rebuild(s.astype(m.dtype))
+        return rebuild(s.astype(m.dtype)), v
+
+    def warm_start_like(self, x: PyTree) -> jax.Array:
+        """A cold ``start`` for :meth:`lmo_warm`: zeros shaped like ``v_1`` of an ``x``-shaped
+        direction (``(x.shape[1],)``)."""
+        m, _ = self._matrix(x)
+        return jnp.zeros(m.shape[1], m.dtype)
 
     @jax.jit
     def contains(self, x: PyTree, atol: float = 1e-6) -> jax.Array:

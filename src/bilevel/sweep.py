@@ -68,7 +68,8 @@ def sweep(
             ``inner_steps``, strings, schedules) change the compiled program: loop over them,
             one ``sweep`` per value. ``"auto"`` is allowed where the solver resolves it to a
             number (``lr_inner``).
-        steps, eval_every, init: as in :func:`bilevel.solve`.
+        steps, eval_every, init: as in :func:`bilevel.solve`; ``steps`` is also the horizon K
+            filled into a solver's ``horizon=None`` field, as ``solve`` does.
         seeds: the seeds run at every point (each point gets the same seeds' keys, so its
             trajectories are those of ``bl.solve(problem, point_solver, seeds=seeds)``).
         max_batch: the most grid points in one program; the grid is split into equal batches
@@ -104,7 +105,7 @@ def sweep(
             f"sweep: {', '.join(map(repr, both))} is given both in grid= and as a keyword; "
             "give it in one place."
         )
-    solvers = [_point_solver(problem, solver, fields, p, hyperparameters) for p in points]
+    solvers = [_point_solver(problem, solver, fields, p, hyperparameters, steps) for p in points]
     _check_convexity(problem)
     if max_batch is None:
         max_batch = _default_max_batch(solvers[0], problem, len(seed_list))
@@ -140,8 +141,14 @@ def _grid_points(grid) -> tuple[list[str], list[dict]]:
     return fields, points
 
 
-def _point_solver(problem, solver, fields, point: dict, hyperparameters: dict) -> Solver:
-    """The resolved solver of one grid point; its grid fields must be numeric leaves."""
+def _point_solver(
+    problem, solver, fields, point: dict, hyperparameters: dict, steps: int
+) -> Solver:
+    """The resolved solver of one grid point; its grid fields must be numeric leaves.
+
+    As in ``bl.solve``, a ``horizon=None`` field is filled with ``steps`` before ``resolve``
+    (``Solver.with_horizon``), so horizon-dependent ``"auto"`` steps (IBCG's gamma) resolve.
+    """
     settings = {**hyperparameters, **point}
     if isinstance(solver, Solver):
         known = {f.name for f in dataclasses.fields(solver) if f.init}
@@ -160,7 +167,7 @@ def _point_solver(problem, solver, fields, point: dict, hyperparameters: dict) -
             f"{type(solver).__name__}."
         )
     built.check_problem(problem)
-    built = built.resolve(problem)
+    built = built.with_horizon(steps).resolve(problem)
     leaves = {
         path[-1].name
         for path, _ in jax.tree_util.tree_leaves_with_path(built)

@@ -19,6 +19,7 @@ from .hyper_representation import (
     synthetic_hyperrep_data,
 )
 from .l2_hpo import l2_hpo_linear, l2_hpo_linear_dataset, l2_hpo_logistic, l2_hpo_logistic_dataset
+from .matrix_completion import MatrixCompletionReference, matrix_completion
 from .quadratic import QuadraticReference, quadratic
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "l2_hpo_logistic_dataset",
     "l2_hpo_linear",
     "l2_hpo_linear_dataset",
+    "matrix_completion",
+    "MatrixCompletionReference",
     "make",
     "names",
     "register",
@@ -143,4 +146,19 @@ register(
     "PZOBO E3: LeNet-5 features (outer) + linear head (inner), Fashion-MNIST test->inner, "
     "train->outer",
     hints={"lr_outer": 0.001, "lr_inner": 1.0},
+)
+register(
+    "matrix-completion",
+    matrix_completion,
+    "IBCG Sec. 5.2 matrix completion with denoising: 250x250 rank 10, nuclear ball of radius "
+    "||X_hat||_*, pseudo-Huber (delta=0.9), summed data terms (kappa_g = 21.5); deterministic "
+    "(stochastic=True: minibatches of observed entries)",
+    hints={"lr_inner": 0.8},
+)
+register(
+    "matrix-completion-mean",
+    lambda **kw: matrix_completion(scaling="mean", **kw),
+    "as matrix-completion with the paper's literal mean data terms (1/|Omega|; kappa_g ~ 1.5, "
+    "the data term is negligible and X drifts to 0)",
+    hints={"lr_inner": 7.5},
 )

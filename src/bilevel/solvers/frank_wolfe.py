@@ -30,11 +30,15 @@ PyTree = Any
 __all__ = ["FrankWolfeSolver", "frank_wolfe_step", "dense_adjoint", "merge_counts"]
 
 
-def frank_wolfe_step(problem: BilevelProblem, x, direction, step) -> tuple[PyTree, jax.Array]:
+def frank_wolfe_step(
+    problem: BilevelProblem, x, direction, step, vertex=None
+) -> tuple[PyTree, jax.Array]:
     """``(x + step (s - x), <direction, x - s>)`` with ``s = LMO_X(direction)``: the
     convex-combination step and the Frank-Wolfe gap of the direction (IBCG lines 6-7; SBFW's
-    ``x_{k+1} = (1 - eta_k) x_k + eta_k s_k``)."""
-    to_vertex = tree_sub(problem.x_set.lmo(direction), x)
+    ``x_{k+1} = (1 - eta_k) x_k + eta_k s_k``). ``vertex``: s when the caller computed it
+    (IBCG's warm-started nuclear-ball LMO)."""
+    vertex = problem.x_set.lmo(direction) if vertex is None else vertex
+    to_vertex = tree_sub(vertex, x)
     return tree_axpy(step, to_vertex, x), -tree_vdot(direction, to_vertex)
 
 
