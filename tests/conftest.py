@@ -15,3 +15,22 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop every compiled program after each test module. Each XLA:CPU executable holds its
+    own memory mappings: the battery file alone left 28,375 mappings in the process, and the
+    whole suite crossed Linux's default vm.max_map_count (65,530), after which LLVM's JIT
+    segfaulted while compiling (seen 2026-11-24 in test_solvers_battery)."""
+    yield
+    from bilevel import run
+
+    run._COMPILED.clear()
+    jax.clear_caches()
+    gc.collect()

@@ -240,3 +240,19 @@ def test_random_initialisation_per_seed(quad_sto):
     )
     plain = bl.solve(quad_sto, solver, steps=10, seeds=[0, 1], eval_every=5, progress=False)
     np.testing.assert_array_equal(np.asarray(same.x), np.asarray(plain.x))
+
+
+def test_the_compiled_program_cache_is_bounded(monkeypatch):
+    """At most MAX_COMPILED programs stay alive (each holds memory mappings; an unbounded
+    cache crashed a long process inside LLVM), least recently used dropped first."""
+    from bilevel import run
+
+    monkeypatch.setattr(run, "MAX_COMPILED", 2)
+    run._COMPILED.clear()
+    problem = bl.problems.quadratic(dx=2, dy=3)
+    for steps in (1, 2, 3):  # chunk lengths 1, 2, 3: three chunk programs, plus init and eval
+        solver = bl.solvers.make("f2sa", lr_outer=0.01, lr_inner=0.1)
+        bl.solve(problem, solver, steps=steps, eval_every=steps, progress=False)
+    assert len(run._COMPILED) == 2
+    kinds_lengths = [(key[0], key[1]) for key in run._COMPILED]
+    assert kinds_lengths == [("chunk", 3), ("eval", 0)]  # the last ones used

@@ -9,6 +9,7 @@ the solver's numeric hyperparameters differ (they are arguments of the compiled 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -95,7 +96,11 @@ class Result:
 
 
 # ---- compiled pieces (cached) -------------------------------------------------------------------
-_COMPILED: dict[Any, Any] = {}
+#: compiled programs, least recently used first; at most MAX_COMPILED are kept, since every
+#: XLA:CPU executable holds memory mappings of its own (a process that compiled ~3000 programs
+#: crossed Linux's default limit of 65,530 mappings and crashed inside LLVM)
+_COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+MAX_COMPILED = 256
 
 
 def _aval_key(tree: PyTree):
@@ -203,7 +208,9 @@ def _compiled(
         init,
     )
     fn = _COMPILED.get(key)
-    if fn is None:
+    if fn is not None:
+        _COMPILED.move_to_end(key)
+    else:
         if kind == "chunk":
             raw = _make_chunk(length, batched)
         elif kind == "eval":
@@ -214,6 +221,8 @@ def _compiled(
             raw = _over_grid(raw, kind, solver, problem, state)
         fn = jax.jit(raw).lower(solver, problem, state).compile()
         _COMPILED[key] = fn
+        while len(_COMPILED) > MAX_COMPILED:
+            _COMPILED.popitem(last=False)
     return functools.partial(fn, solver)
 
 
