@@ -7,11 +7,11 @@ it), at two horizons. Also the sweep again with its programs compiled, so that c
 and compute can be told apart. Prints times and ratios; nothing passes or fails on time.
 Run: ``python benchmarks/sweep.py [--steps 2000 10000]``.
 
-Measured 2026-11-24 (XLA:CPU, 2 cores, single-threaded Eigen as in the tests):
+Measured 2026-11-24 (XLA:CPU, 2 cores, single-threaded Eigen as in the tests, quiet machine):
 
     steps   sweep    (compiled)   loop     loop / sweep
-    2000    2.1 s    0.8 s        7.5 s    3.5x
-    10000   5.9 s    ...          33.4 s   5.7x
+    2000    2.17 s   0.76 s       7.41 s   3.4x
+    10000   4.97 s   3.87 s       31.2 s   6.3x
 
 The issue's 5x holds once compilation is amortised, not at 2000 steps: the sweep then spends
 ~1.3 s of its 2.1 s compiling its three programs (init, chunk, evaluation; the loop compiles
