@@ -211,6 +211,30 @@ def _previous_rows(path: Path) -> dict[str, str]:
     return {row.split(" | ")[0][2:]: row for row in rows if row.split(" | ")[0][2:] in labels}
 
 
+_NONCONVEX = "STABLE, nonconvex protocol"
+
+
+def _notes(old: list[str], stable_nc) -> list[str]:
+    """The paragraphs between the table and the analysis: an ``--only`` run keeps the earlier
+    report's (``old``; a full run starts afresh), with the STABLE nonconvex line replaced when
+    it was rerun."""
+    heading = "## Reading the numbers"
+    end = old.index(heading) if heading in old else len(old)
+    rows = [i for i, line in enumerate(old[:end]) if line.startswith("| ")]
+    text = "\n".join(old[rows[-1] + 1 : end]) if rows else ""
+    paragraphs = [p.strip("\n") for p in text.split("\n\n") if p.strip()]
+    if stable_nc is not None:
+        lengths, avgs, slope = stable_nc
+        line = (
+            f"{_NONCONVEX} (Theorem 2: constant steps 0.5/sqrt(K), average of ||grad F(x_k)||^2 "
+            "over the run): "
+            + ", ".join(f"K = {k}: {a:.3g}" for k, a in zip(lengths, avgs, strict=True))
+            + f"; slope in K {slope:+.3f} (theory -1/2)."
+        )
+        paragraphs = [line] + [p for p in paragraphs if not p.startswith(_NONCONVEX)]
+    return [part for p in paragraphs for part in ("", p)]
+
+
 def write_report(args, rows, stable_nc) -> None:
     lines = [
         "# Measured convergence rates vs theory",
@@ -238,21 +262,12 @@ def write_report(args, rows, stable_nc) -> None:
         )
     order = [case.label for case in cases(args.batch)]
     lines += sorted(table.values(), key=lambda row: order.index(row.split(" | ")[0][2:]))
-    if stable_nc is not None:
-        lengths, avgs, slope = stable_nc
-        lines += [
-            "",
-            "STABLE, nonconvex protocol (Theorem 2: constant steps 0.5/sqrt(K), average "
-            "of ||grad F(x_k)||^2 over the run): "
-            + ", ".join(f"K = {k}: {a:.3g}" for k, a in zip(lengths, avgs, strict=True))
-            + f"; slope in K {slope:+.3f} (theory -1/2).",
-        ]
+    old = args.out.read_text().splitlines() if args.out.exists() else []
+    lines += _notes(old if args.only else [], stable_nc)
     # keep the hand-written analysis of an earlier report (everything from its heading on)
     analysis = ["", "## Reading the numbers", "", "(to be written after looking at the run)"]
-    if args.out.exists():
-        old = args.out.read_text().splitlines()
-        if "## Reading the numbers" in old:
-            analysis = [""] + old[old.index("## Reading the numbers") :]
+    if "## Reading the numbers" in old:
+        analysis = [""] + old[old.index("## Reading the numbers") :]
     lines += analysis
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
