@@ -154,3 +154,31 @@ def test_ibcg_auto_gamma_gets_the_horizon_from_steps():
         got = swept[swept.lr_inner == lr_inner].reset_index(drop=True)
         for column in ("x_err", "fw_gap_estimate", "outer_loss"):
             np.testing.assert_allclose(got[column], expected[column], rtol=1e-12, err_msg=column)
+
+
+def test_a_step_whose_key_depends_on_a_swept_value_gets_a_clear_error(problem):
+    """A sweep shares each seed's key across grid points; a (user) solver that mixes a swept
+    hyperparameter into its key is told so, not shown vmap's out_axes message."""
+    import dataclasses
+
+    import jax
+
+    from bilevel.solvers.baselines.stocbio import StocBiO
+
+    @dataclasses.dataclass(frozen=True)
+    class KeyedByStep(StocBiO):
+        def step(self, problem, state):
+            state = super().step(problem, state)
+            salt = (self.lr_outer * 1e6).astype("uint32")
+            return state._replace(key=jax.random.fold_in(state.key, salt))
+
+    with pytest.raises(ValueError, match="makes its PRNG key depend on the swept"):
+        bl.sweep(
+            problem,
+            KeyedByStep(),
+            grid={"lr_outer": [0.01, 0.02]},
+            steps=4,
+            eval_every=2,
+            batch_size=8,
+            progress=False,
+        )
