@@ -101,8 +101,11 @@ def fw_gap(problem: BilevelProblem, x: PyTree, grad: PyTree | None = None) -> ja
     return tree_vdot(grad, tree_sub(x, x_set.lmo(grad)))
 
 
-def grad_mapping(problem: BilevelProblem, x: PyTree, step: float = 1.0) -> jax.Array:
-    """``||x - Proj_X(x - step * grad F(x))|| / step``, with the exact :func:`hypergradient`.
+def grad_mapping(
+    problem: BilevelProblem, x: PyTree, step: float = 1.0, grad: PyTree | None = None
+) -> jax.Array:
+    """``||x - Proj_X(x - step * grad F(x))|| / step``, with the exact :func:`hypergradient`
+    unless ``grad`` is given.
 
     The gradient mapping (Nesterov 2004, Sec. 2.2.3): ``||grad F(x)||`` when x is interior,
     zero exactly at stationary points of F over X.
@@ -111,7 +114,7 @@ def grad_mapping(problem: BilevelProblem, x: PyTree, step: float = 1.0) -> jax.A
         ValueError: when the problem has no ``x_set``.
     """
     x_set = _require_x_set(problem, "grad_mapping")
-    grad = hypergradient(problem, x)
+    grad = hypergradient(problem, x) if grad is None else grad
     moved = x_set.project(jax.tree.map(lambda a, g: a - step * g, x, grad))
     return tree_norm(tree_sub(x, moved)) / step
 
@@ -125,8 +128,7 @@ def _constrained_metrics(problem: BilevelProblem, x: PyTree, y: PyTree) -> dict[
     if problem.x_set is None or max(dims) > EXACT_METRICS_MAX_DIM:
         return {}
     grad = hypergradient(problem, x, y)
-    moved = problem.x_set.project(tree_sub(x, grad))
-    out = {"grad_mapping": tree_norm(tree_sub(x, moved))}
+    out = {"grad_mapping": grad_mapping(problem, x, grad=grad)}
     # the sets whose LMO is finite by construction (a Box may have infinite bounds, and whether
     # they are is not known while the set's parameters are traced)
     if isinstance(problem.x_set, sets.L2Ball | sets.L1Ball | sets.Simplex | sets.NuclearBall):
