@@ -16,6 +16,14 @@ app = typer.Typer(
 )
 
 
+def _literal(raw: str):
+    """A Python literal when ``raw`` parses as one, else the string itself."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw
+
+
 def _parse_options(options: list[str]) -> dict:
     """``key=value`` pairs; values are Python literals when they parse, else strings."""
     out = {}
@@ -23,10 +31,7 @@ def _parse_options(options: list[str]) -> dict:
         if "=" not in item:
             raise ValueError(f"--opt and --problem-opt take key=value, got {item!r}.")
         key, raw = item.split("=", 1)
-        try:
-            out[key.strip()] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = raw
+        out[key.strip()] = _literal(raw)
     return out
 
 
@@ -219,7 +224,7 @@ def _parse_grid(items: list[str]) -> dict:
         key = key.strip()
         if key in grid:
             raise ValueError(f"--grid {key}=... is given twice; list all its values in one flag.")
-        values = [_parse_options([f"v={v}"])["v"] for v in raw.split(",") if v.strip()]
+        values = [_literal(v) for v in raw.split(",") if v.strip()]
         if not values:
             raise ValueError(f"--grid {key}= has no values; give e.g. {key}=0.01,0.1.")
         grid[key] = values
