@@ -259,6 +259,16 @@ class Solver(abc.ABC):
     def validate(self) -> None:  # noqa: B027  (optional hook, deliberately empty)
         """Extra checks of the hyperparameters (override; raise ValueError)."""
 
+    def _check_choices(self, **allowed: Any) -> None:
+        """For :meth:`validate`: each named option field holds one of its allowed values, else a
+        ValueError ``Cls(field=value) is unknown; use one of allowed``."""
+        for field, values in allowed.items():
+            value = getattr(self, field)
+            if value not in values:
+                raise ValueError(
+                    f"{type(self).__name__}({field}={value!r}) is unknown; use one of {values}."
+                )
+
     def check_problem(self, problem: BilevelProblem) -> None:
         """Refuse a problem this solver cannot handle, before anything is compiled."""
         if not isinstance(problem, BilevelProblem):

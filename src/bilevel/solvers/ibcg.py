@@ -129,17 +129,12 @@ class IBCG(FrankWolfeSolver):
 
     def validate(self) -> None:
         cls = type(self).__name__
-        choices = {
-            "gamma_rule": ("convex", "nonconvex"),
-            "hessian_inverse": ("recursion", "exact"),
-            "inner_solve": ("step", "exact"),
-            "w0": ("y0", "zero"),
-        }
-        for field, allowed in choices.items():
-            if getattr(self, field) not in allowed:
-                raise ValueError(
-                    f"{cls}({field}={getattr(self, field)!r}) is unknown; use one of {allowed}."
-                )
+        self._check_choices(
+            gamma_rule=("convex", "nonconvex"),
+            hessian_inverse=("recursion", "exact"),
+            inner_solve=("step", "exact"),
+            w0=("y0", "zero"),
+        )
         gamma = self.lr_outer
         if isinstance(gamma, int | float) and not isinstance(gamma, bool) and gamma > 1:
             raise ValueError(

@@ -351,13 +351,9 @@ class ImplicitSolver(Solver):
 
     def _check_regime(self) -> None:
         """``regime`` is one of ``regimes`` and ``k0 > 0``."""
-        cls = type(self).__name__
-        if self.regime not in self.regimes:
-            raise ValueError(
-                f"{cls}(regime={self.regime!r}) is unknown; use one of {sorted(self.regimes)}."
-            )
+        self._check_choices(regime=sorted(self.regimes))
         if not (isinstance(self.k0, int | float) and self.k0 > 0):
-            raise ValueError(f"{cls}(k0=...) must be > 0, got {self.k0!r}.")
+            raise ValueError(f"{type(self).__name__}(k0=...) must be > 0, got {self.k0!r}.")
 
     def draws(self) -> Draws:
         """The step's inner-draw layout (declared from T and the strategy)."""

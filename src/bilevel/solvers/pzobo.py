@@ -193,10 +193,7 @@ class PathDifferenceSolver(Solver):
                 f"{cls}(smoothing=...) must be a positive finite float (the paper uses 0.1 or "
                 f"0.01), got {self.smoothing!r}."
             )
-        if self.directions not in DIRECTIONS:
-            raise ValueError(
-                f"{cls}(directions={self.directions!r}) is unknown; use one of {DIRECTIONS}."
-            )
+        self._check_choices(directions=DIRECTIONS)
         check_optimizer(cls, "inner_optimizer", self.inner_optimizer, INNER_OPTIMIZERS)
         for fld in ("warm_start", "shared_batches", "parallel_directions"):
             if not isinstance(getattr(self, fld), bool):

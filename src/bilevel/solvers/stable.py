@@ -208,10 +208,7 @@ class STABLE(Solver):
     auto_mu_g_factor: ClassVar[float] = 0.5
 
     def validate(self) -> None:
-        if self.regime not in STABLE_REGIMES:
-            raise ValueError(
-                f"STABLE(regime={self.regime!r}) is unknown; use one of {STABLE_REGIMES}."
-            )
+        self._check_choices(regime=STABLE_REGIMES)
         if not (isinstance(self.k0, int | float) and self.k0 > 0):
             raise ValueError(f"STABLE(k0=...) must be > 0, got {self.k0!r}.")
         if isinstance(self.mu_g, str):

@@ -27,7 +27,7 @@ from ...sampling import Minibatches
 from ...schedules import step_size
 from ..base import OuterState, _is_auto
 from ..common import implicit_hypergradient, inner_sgd
-from ..frank_wolfe import FrankWolfeSolver, dense_adjoint, frank_wolfe_step
+from ..frank_wolfe import FrankWolfeSolver, dense_adjoint, frank_wolfe_step, merge_counts
 from ..implicit import RandomNeumann
 from ..registry import register
 
@@ -134,11 +134,7 @@ class SBFW(FrankWolfeSolver):
 
     def validate(self) -> None:
         cls = type(self).__name__
-        for field, allowed in (("hessian_inverse", ("neumann", "exact")), ("variant", VARIANTS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(
-                    f"{cls}({field}={getattr(self, field)!r}) is unknown; use one of {allowed}."
-                )
+        self._check_choices(hessian_inverse=("neumann", "exact"), variant=VARIANTS)
         cap = self.max_neumann
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"{cls}(max_neumann=...) must be None or an int >= 1, got {cap!r}.")
@@ -211,7 +207,7 @@ class SBFW(FrankWolfeSolver):
             grad_g=1,
             grad_f=2,  # both partials of f, fused, at the old and the new point
             cross=2,
-            **{kind: old_counts[kind] + new_counts[kind] for kind in old_counts},
+            **merge_counts(old_counts, new_counts),
         )
         outer_state = OuterState(state.outer_state.opt, tree_norm(d))
         return SBFWState(x_next, y, x, d, state.k + 1, key, counts, outer_state, gap)
