@@ -192,3 +192,24 @@ def auto_inner_step(problem: BilevelProblem, factor: float = 1.0) -> float:
             f"{d.L_g:.3g} at (x0, y0). Give lr_inner explicitly."
         )
     return float(factor / d.L_g)
+
+
+def strong_convexity(problem: BilevelProblem, needs: str, instead: str) -> tuple[float, float]:
+    """``(mu_g, L_g)`` estimated at (x0, y0), for an ``"auto"`` setting that is built from them
+    (IBCG's 2/(mu_g + L_g), SBFW's a_0, TTSA's L_g/mu_g Neumann length).
+
+    Args:
+        problem: the problem to diagnose (cached per problem by :func:`diagnose`).
+        needs: what needs the constants, the start of the error message.
+        instead: what the user can give instead, the end of the error message.
+
+    Raises:
+        ValueError: when the estimate is not strongly convex (mu_g <= 0 or L_g < mu_g).
+    """
+    d = diagnose(problem)
+    if not (d.mu_g > 0 and d.L_g >= d.mu_g):
+        raise ValueError(
+            f"{needs}, but bl.diagnose estimated mu_g = {d.mu_g:.3g}, L_g = {d.L_g:.3g} at "
+            f"(x0, y0): g is not strongly convex there; {instead}."
+        )
+    return float(d.mu_g), float(d.L_g)

@@ -163,16 +163,12 @@ class IBCG(FrankWolfeSolver):
                 )
             changes["lr_outer"] = horizon_step(float(self.horizon), self.gamma_rule)
         if _is_auto(self.lr_inner) or _is_auto(self.lr_adjoint):
-            from ..diagnose import diagnose
+            from ..diagnose import strong_convexity
 
-            d = diagnose(problem)
-            if not (d.mu_g > 0 and d.L_g >= d.mu_g):
-                raise ValueError(
-                    f"IBCG's 'auto' steps are 2/(mu_g + L_g), but bl.diagnose estimated mu_g = "
-                    f"{d.mu_g:.3g}, L_g = {d.L_g:.3g} at (x0, y0): g is not strongly convex "
-                    "there. Give lr_inner and lr_adjoint explicitly."
-                )
-            step = 2.0 / (d.mu_g + d.L_g)
+            mu_g, L_g = strong_convexity(
+                problem, "IBCG's 'auto' steps are 2/(mu_g + L_g)", "give lr_inner and lr_adjoint"
+            )
+            step = 2.0 / (mu_g + L_g)
             if _is_auto(self.lr_inner):
                 changes["lr_inner"] = step
             if _is_auto(self.lr_adjoint):

@@ -149,20 +149,16 @@ class SBFW(FrankWolfeSolver):
         """Fill ``"auto"``: a_0 and 1/L_g from ``bl.diagnose`` at (x0, y0)."""
         if not (_is_auto(self.lr_inner) or _is_auto(self.neumann_lr)):
             return self
-        from ...diagnose import diagnose
+        from ...diagnose import strong_convexity
 
-        d = diagnose(problem)
-        if not (d.mu_g > 0 and d.L_g >= d.mu_g):
-            raise ValueError(
-                f"SBFW's 'auto' steps need mu_g and L_g, but bl.diagnose estimated mu_g = "
-                f"{d.mu_g:.3g}, L_g = {d.L_g:.3g} at (x0, y0): g is not strongly convex there. "
-                "Give lr_inner and neumann_lr explicitly."
-            )
+        mu_g, L_g = strong_convexity(
+            problem, "SBFW's 'auto' steps need mu_g and L_g", "give lr_inner and neumann_lr"
+        )
         changes = {}
         if _is_auto(self.lr_inner):
-            changes["lr_inner"] = min(2.0 / (3.0 * d.mu_g), d.mu_g / (2.0 * d.L_g**2))  # a_0
+            changes["lr_inner"] = min(2.0 / (3.0 * mu_g), mu_g / (2.0 * L_g**2))  # a_0
         if _is_auto(self.neumann_lr):
-            changes["neumann_lr"] = 1.0 / d.L_g  # unused by the exact variant
+            changes["neumann_lr"] = 1.0 / L_g  # unused by the exact variant
         return dataclasses.replace(self, **changes)
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> SBFWState:

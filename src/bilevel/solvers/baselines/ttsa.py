@@ -149,13 +149,10 @@ class TTSA(StochasticApproximation):
     def resolve(self, problem: BilevelProblem) -> TTSA:
         solver = super().resolve(problem)
         if solver.growing and solver.condition_number is None:
-            from ...diagnose import diagnose
+            from ...diagnose import strong_convexity
 
-            d = diagnose(problem)
-            if not (d.mu_g > 0 and d.L_g >= d.mu_g):
-                raise ValueError(
-                    f"TTSA(neumann_steps='growing') needs L_g/mu_g, but bl.diagnose estimated "
-                    f"mu_g = {d.mu_g:.3g}, L_g = {d.L_g:.3g} at (x0, y0); give condition_number."
-                )
-            solver = dataclasses.replace(solver, condition_number=float(d.L_g / d.mu_g))
+            mu_g, L_g = strong_convexity(
+                problem, "TTSA(neumann_steps='growing') needs L_g/mu_g", "give condition_number"
+            )
+            solver = dataclasses.replace(solver, condition_number=L_g / mu_g)
         return solver
