@@ -34,6 +34,7 @@ from .run import (
 )
 from .solvers import make as _make_solver
 from .solvers.base import Solver
+from .solvers.registry import check_hyperparameters
 
 __all__ = ["sweep", "MEMORY_BUDGET"]
 
@@ -151,13 +152,7 @@ def _point_solver(
     """
     settings = {**hyperparameters, **point}
     if isinstance(solver, Solver):
-        known = {f.name for f in dataclasses.fields(solver) if f.init}
-        unknown = [k for k in settings if k not in known]
-        if unknown:
-            raise ValueError(
-                f"solver {solver.name!r} has no hyperparameter(s) {', '.join(map(repr, unknown))}"
-                f"; its hyperparameters are: {', '.join(sorted(known))}."
-            )
+        check_hyperparameters(type(solver), solver.name, settings)
         built = dataclasses.replace(solver, **settings)
     elif isinstance(solver, str):
         built = _make_solver(solver, **settings)

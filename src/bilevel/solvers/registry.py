@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-__all__ = ["register", "make", "names", "get"]
+__all__ = ["register", "make", "names", "get", "check_hyperparameters"]
 
 _REGISTRY: dict[str, type] = {}
 
@@ -48,6 +48,13 @@ def make(name: str, **hyperparameters):
             message lists the ones it has), or a bad value (e.g. a non-positive step size).
     """
     cls = get(name)
+    check_hyperparameters(cls, name, hyperparameters)
+    return cls(**hyperparameters)
+
+
+def check_hyperparameters(cls: type, name: str, hyperparameters) -> None:
+    """Raise a ValueError listing the solver's hyperparameters if one of ``hyperparameters``
+    (names) is not a field of solver class ``cls`` (registered as ``name``)."""
     fields = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = [k for k in hyperparameters if k not in fields]
     if unknown:
@@ -55,4 +62,3 @@ def make(name: str, **hyperparameters):
             f"solver {name!r} has no hyperparameter(s) {', '.join(map(repr, unknown))}; its "
             f"hyperparameters are: {', '.join(fields)}."
         )
-    return cls(**hyperparameters)
