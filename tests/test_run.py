@@ -256,3 +256,14 @@ def test_the_compiled_program_cache_is_bounded(monkeypatch):
     assert len(run._COMPILED) == 2
     kinds_lengths = [(key[0], key[1]) for key in run._COMPILED]
     assert kinds_lengths == [("chunk", 3), ("eval", 0)]  # the last ones used
+
+
+def test_a_checkpoint_of_another_problem_instance_is_not_resumed(tmp_path):
+    """Two instances that differ only in constants their functions close over (the quadratic's
+    matrices, by seed) have the same name and data-free leaves: the checkpoint fingerprint
+    must still tell them apart (it used to hash only the functions' code)."""
+    solver = bl.solvers.make("f2sa", lr_outer=0.05, lr_inner=0.1)
+    run = dict(steps=4, eval_every=2, progress=False, checkpoint=tmp_path, checkpoint_interval=0)
+    bl.solve(bl.problems.quadratic(dx=2, dy=3, seed=0), solver, **run)
+    with pytest.raises(ValueError, match="written by a different run"):
+        bl.solve(bl.problems.quadratic(dx=2, dy=3, seed=1), solver, **run)

@@ -294,12 +294,15 @@ def _strip_addresses(text: str) -> str:
 
 
 def _closures(value, depth: int = 0) -> str:
-    """The values the functions in ``value`` (a field: a schedule, an optax transformation, a
-    tuple of them) closed over, recursively, as text without memory addresses ("" if none)."""
+    """The values the functions in ``value`` (a solver field: a schedule, an optax
+    transformation, a tuple of them; or a problem's function) closed over, recursively, as text
+    without memory addresses ("" if none)."""
     if depth > 4:  # a closure over itself, or a deep chain of schedules: enough to tell apart
         return ""
     if isinstance(value, tuple):
         return "".join(_closures(v, depth + 1) for v in value)
+    if isinstance(value, np.ndarray | jax.Array):  # a problem's data or matrices: their bytes
+        return _array_digest(value)
     if not callable(value):
         return ""
     parts = []
@@ -334,11 +337,17 @@ def _signature(
             repr((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))).encode()
         )
         h.update(code.co_code if code is not None else b"")
+        h.update(_closures(fn).encode())  # the constants a problem's functions closed over
     for leaf in leaves:
-        a = np.ascontiguousarray(np.asarray(leaf))
-        h.update(str((a.shape, a.dtype)).encode())
-        h.update(a.tobytes() if a.nbytes <= 1 << 24 else a[:: max(1, a.shape[0] // 4096)].tobytes())
+        h.update(_array_digest(leaf).encode())
     return h.hexdigest()
+
+
+def _array_digest(value) -> str:
+    """Shape, dtype and a hash of the bytes of an array (every 1/4096th row above 16 MB)."""
+    a = np.ascontiguousarray(np.asarray(value))
+    data = a.tobytes() if a.nbytes <= 1 << 24 else a[:: max(1, a.shape[0] // 4096)].tobytes()
+    return f"{a.shape}{a.dtype}{hashlib.sha256(data).hexdigest()}"
 
 
 def _save_checkpoint(directory: Path, state, meta: dict, history: list[dict]) -> None:
@@ -704,7 +713,10 @@ def solve(
 
     state = _init_states(solver, problem, seed_list, batched, init)
     history = _History(seed_list)
-    signature = _signature(problem, solver, seed_list, batched, every, init)
+    # only a checkpoint needs the fingerprint (it hashes the data: not free on large problems)
+    signature = (
+        "" if ckpt_dir is None else _signature(problem, solver, seed_list, batched, every, init)
+    )
     checkpointer = _Checkpointer(ckpt_dir, signature, checkpoint_interval)
     display = _progress.Progress(progress, steps, solver.name, problem.name, len(seed_list))
     run = _Run(problem, solver, batched, every, steps, history, checkpointer, display)
