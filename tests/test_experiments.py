@@ -29,6 +29,7 @@ STAND_INS = {
         "SUBSTITUTE: scikit-learn digits",
         "Sizes cut to fit the data (1257 training and 540 test images): n_train 2000 -> 1057",
     ),
+    "ibcg-matrix-completion": (),
     "pzobo-l2-hpo": (
         "SUBSTITUTE: scikit-learn digits (1257 training images, 64 pixel features",
         "Splits cut to fit: 419 train / 419 validation / 419 test",
@@ -46,6 +47,7 @@ def test_list_names_every_experiment():
         "pzobo-deep-hyperrep",
         "pzobo-l2-hpo",
         "f2sa-hypercleaning",
+        "ibcg-matrix-completion",
     ):
         assert name in out.output and name in NAMES
 

@@ -36,6 +36,8 @@ __all__ = [
     "write_outputs",
     "final_mean",
     "time_to_reach",
+    "steps_within",
+    "within_budget",
 ]
 
 
@@ -130,6 +132,34 @@ def time_to_reach(history: pd.DataFrame, column: str, level: float) -> float:
     curve = history.groupby("step")[[column, "seconds"]].mean().sort_index()
     hit = curve[curve[column] <= level]
     return float(hit.seconds.iloc[0]) if len(hit) else math.inf
+
+
+def steps_within(
+    problem: BilevelProblem, method: Method, seconds: float, *, max_steps: int, pilot: int = 200
+) -> int:
+    """How many steps of ``method`` fit in ``seconds`` of solver time, at most ``max_steps``.
+
+    For the papers' "K_max iterations or T_max seconds, whichever comes first" protocols. A
+    pilot run of ``pilot`` steps (one seed) fits the solver time ``t(k) = a k + b k^2`` by least
+    squares (``b`` is a per-step cost that grows with k, as SBFW's Neumann length does) and
+    inverts it with a 10% margin: the history is then cut at the budget by
+    :func:`within_budget`, so an estimate a little long costs time, never fairness.
+    """
+    pilot = min(pilot, max_steps)
+    res = solve(problem, method.make(), pilot, eval_every=max(1, pilot // 4), progress=False)
+    k = res.history.step.to_numpy(float)[1:]
+    t = res.history.seconds.to_numpy(float)[1:]
+    a, b = np.linalg.lstsq(np.stack([k, k**2], axis=1), t, rcond=None)[0]
+    a, b = max(a, 1e-12), max(b, 0.0)
+    budget = seconds * 1.1
+    fit = budget / a if b == 0 else (-a + math.sqrt(a * a + 4 * b * budget)) / (2 * b)
+    return int(min(max_steps, max(pilot, math.ceil(fit))))
+
+
+def within_budget(history: pd.DataFrame, seconds: float) -> pd.DataFrame:
+    """The rows of ``history`` evaluated within ``seconds`` of solver time (mean over seeds)."""
+    at = history.groupby("step").seconds.transform("mean")
+    return history[at <= seconds].reset_index(drop=True)
 
 
 def grid_search(
@@ -241,11 +271,13 @@ def write_outputs(
     logy: bool = True,
     figure_metrics: dict[str, str] | None = None,
     linear_figures: tuple[str, ...] = (),
+    xs: tuple[str, ...] = ("samples", "seconds"),
 ) -> ExperimentOutput:
     """Write curves/*.csv, the figures (PNG) and claims.md into ``out_dir``.
 
     Each figure plots ``metric`` unless ``figure_metrics`` names another for it, on a log axis
-    if ``logy`` unless it is one of ``linear_figures`` (accuracies, say).
+    if ``logy`` unless it is one of ``linear_figures`` (accuracies, say), one panel per history
+    column in ``xs`` (``"step"`` for deterministic problems, whose samples are full passes).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     curves = out_dir / "curves"
@@ -261,6 +293,7 @@ def write_outputs(
             metric=(figure_metrics or {}).get(fig_name, metric),
             title=title + (" [QUICK RUN]" if quick else ""),
             logy=logy and fig_name not in linear_figures,
+            xs=xs,
         )
     lines = [f"# {title}", ""]
     if quick:
