@@ -21,6 +21,7 @@ NAMES = experiments.names()
 #: Newsgroups: the stand-in it used and the sizes it cut to fit it (E1 and E2 use synthetic data;
 #: stable-hpo's quick mode runs its australian panel only)
 STAND_INS = {
+    "ibcg-toy": (),
     "pzobo-hyperrep-linear": (),
     "pzobo-hyperrep-2layer": (),
     "stable-hpo": ("SUBSTITUTE for australian: scikit-learn breast_cancer",),
@@ -48,6 +49,7 @@ def test_list_names_every_experiment():
         "pzobo-l2-hpo",
         "f2sa-hypercleaning",
         "ibcg-matrix-completion",
+        "ibcg-toy",
     ):
         assert name in out.output and name in NAMES
 
@@ -84,6 +86,9 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
     assert list(root.glob("*.png")), "no figure written"
     if name == "pzobo-hyperrep-2layer":  # panel (e) and the N-sweep (f) beside the main one
         assert (root / "hypergrad_norm.png").exists() and (root / "n_sweep.png").exists()
+    if name == "ibcg-toy":  # the paper-layout figures (theta_k paths), listed in claims.md
+        for fig in ("fig1", "fig3", "fig4"):
+            assert (root / f"{fig}.png").exists() and f"{fig}.png" in claims
     curves = list((root / "curves").glob("*.csv"))
     assert curves
     for path in curves:
