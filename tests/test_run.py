@@ -267,3 +267,17 @@ def test_a_checkpoint_of_another_problem_instance_is_not_resumed(tmp_path):
     bl.solve(bl.problems.quadratic(dx=2, dy=3, seed=0), solver, **run)
     with pytest.raises(ValueError, match="written by a different run"):
         bl.solve(bl.problems.quadratic(dx=2, dy=3, seed=1), solver, **run)
+
+
+def test_time_limit_stops_at_the_first_evaluation_past_it(quad_sto):
+    """Timing-free: any chunk takes more than 1e-9 s, so the run stops after the first one;
+    no limit reached runs every step. The result says why it stopped and keeps what it did."""
+    solver = bl.solvers.make("stocbio", lr_outer=0.05, batch_size=8)
+    res = bl.solve(quad_sto, solver, 300, eval_every=100, progress=False, time_limit=1e-9)
+    assert res.steps == 100 and res.history.step.tolist() == [0, 100]
+    assert res.ok and "time limit" in res.message
+    full = bl.solve(quad_sto, solver, 300, eval_every=100, progress=False, time_limit=1e9)
+    assert full.steps == 300 and "completed" in full.message
+    np.testing.assert_array_equal(full.history.step, [0, 100, 200, 300])
+    with pytest.raises(ValueError, match="time_limit"):
+        bl.solve(quad_sto, solver, 300, progress=False, time_limit=0)

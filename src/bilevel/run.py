@@ -668,6 +668,7 @@ def solve(
     progress: bool = True,
     on_divergence: str = "warn",
     init: Callable[[jax.Array], tuple[PyTree, PyTree]] | None = None,
+    time_limit: float | None = None,
 ) -> Result:
     """Run ``solver`` on ``problem`` for ``steps`` outer iterations.
 
@@ -694,6 +695,11 @@ def solve(
         init: optional ``init(key) -> (x0, y0)`` drawing a random start per seed (the "random
             initialisations" of the papers' protocols); x0 is projected onto x_set. It must be
             a jit-able function of the key, returning pytrees shaped like the problem's x0, y0.
+        time_limit: seconds of solver time (the history's ``seconds``: compilation, metrics
+            and checkpoints excluded) after which the run stops, at the first evaluation that
+            reaches it: the papers' "K iterations or T seconds, whichever comes first". The
+            result then holds fewer than ``steps`` steps (``result.steps``; its message says
+            so); ``eval_every`` sets how far past the limit the last chunk may run.
 
     Returns:
         A :class:`Result`.
@@ -704,6 +710,11 @@ def solve(
         NotStronglyConvexWarning: (a warning) when g(x0, .) does not look strongly convex.
     """
     steps, every = _check_arguments(problem, solver, steps, on_divergence, eval_every)
+    number = isinstance(time_limit, int | float) and not isinstance(time_limit, bool)
+    if time_limit is not None and not (number and time_limit > 0):
+        raise ValueError(
+            f"time_limit must be None or a positive number of seconds, got {time_limit!r}."
+        )
     batched = seeds is not None
     seed_list = _check_seeds(seed, seeds)
     ckpt_dir = _check_checkpoint_dir(checkpoint)
@@ -720,6 +731,7 @@ def solve(
     checkpointer = _Checkpointer(ckpt_dir, signature, checkpoint_interval)
     display = _progress.Progress(progress, steps, solver.name, problem.name, len(seed_list))
     run = _Run(problem, solver, batched, every, steps, history, checkpointer, display)
+    run.time_limit = time_limit
     resumed = checkpointer.load(state, history, steps)
     if resumed is not None:
         state, run.done, run.seconds = resumed
@@ -756,6 +768,10 @@ class _Run:
     seconds: float = 0.0
     diverged_at: dict = dataclasses.field(default_factory=dict)
     over_grid: bool = False  # bl.sweep: a leading axis of grid points (history: _GridHistory)
+    time_limit: float | None = None  # seconds of solver time after which the loop stops
+
+    def _out_of_time(self) -> bool:
+        return self.time_limit is not None and self.seconds >= self.time_limit
 
     def _program(self, kind: str, state, length: int = 0):
         return _compiled(
@@ -783,6 +799,8 @@ class _Run:
         with _StopSignals() as stop:
             try:
                 while self.done < self.steps and self.history.alive.any():
+                    if self._out_of_time():
+                        break
                     state = self._chunk(state, stop)
                     if stop.requested is not None:  # arrived during the bookkeeping
                         break
@@ -810,7 +828,8 @@ class _Run:
             alive &= finite
             state = _keep_good(new_state, state, alive, self.batched)
             self.display.update(self.done, self.history.rows)
-            self.save(state, force=self.done >= self.steps or not alive.all())
+            last = self.done >= self.steps or self._out_of_time()
+            self.save(state, force=last or not alive.all())
         return state
 
     def save(self, state, force: bool) -> None:
@@ -842,6 +861,11 @@ class _Run:
                 f"non-finite iterates or metrics, or a headline metric beyond "
                 f"{EXPLOSION_FACTOR:.0e} x its start. Kept the history and the last finite "
                 "iterates of those seeds; try smaller step sizes (lr_outer, lr_inner)."
+            )
+        if self.done < self.steps and self._out_of_time():
+            return (
+                f"stopped at step {self.done} of {self.steps}: the time limit of "
+                f"{self.time_limit:g} s of solver time was reached ({self.seconds:.3g} s)"
             )
         if self.done < self.steps and self.history.alive.any():
             saved = self.checkpointer.directory

@@ -36,8 +36,6 @@ __all__ = [
     "write_outputs",
     "final_mean",
     "time_to_reach",
-    "steps_within",
-    "within_budget",
 ]
 
 
@@ -50,6 +48,7 @@ class Method:
     hyper: dict
     steps: int
     eval_every: int
+    time_limit: float | None = None  # seconds of solver time: bl.solve(time_limit=...)
 
     def make(self):
         return make(self.solver, **self.hyper)
@@ -107,6 +106,7 @@ def run_methods(
                 eval_every=m.eval_every,
                 progress=progress,
                 init=init,
+                time_limit=m.time_limit,
             )
         for w in caught:
             if issubclass(w.category, DivergenceWarning):
@@ -132,34 +132,6 @@ def time_to_reach(history: pd.DataFrame, column: str, level: float) -> float:
     curve = history.groupby("step")[[column, "seconds"]].mean().sort_index()
     hit = curve[curve[column] <= level]
     return float(hit.seconds.iloc[0]) if len(hit) else math.inf
-
-
-def steps_within(
-    problem: BilevelProblem, method: Method, seconds: float, *, max_steps: int, pilot: int = 200
-) -> int:
-    """How many steps of ``method`` fit in ``seconds`` of solver time, at most ``max_steps``.
-
-    For the papers' "K_max iterations or T_max seconds, whichever comes first" protocols. A
-    pilot run of ``pilot`` steps (one seed) fits the solver time ``t(k) = a k + b k^2`` by least
-    squares (``b`` is a per-step cost that grows with k, as SBFW's Neumann length does) and
-    inverts it with a 10% margin: the history is then cut at the budget by
-    :func:`within_budget`, so an estimate a little long costs time, never fairness.
-    """
-    pilot = min(pilot, max_steps)
-    res = solve(problem, method.make(), pilot, eval_every=max(1, pilot // 4), progress=False)
-    k = res.history.step.to_numpy(float)[1:]
-    t = res.history.seconds.to_numpy(float)[1:]
-    a, b = np.linalg.lstsq(np.stack([k, k**2], axis=1), t, rcond=None)[0]
-    a, b = max(a, 1e-12), max(b, 0.0)
-    budget = seconds * 1.1
-    fit = budget / a if b == 0 else (-a + math.sqrt(a * a + 4 * b * budget)) / (2 * b)
-    return int(min(max_steps, max(pilot, math.ceil(fit))))
-
-
-def within_budget(history: pd.DataFrame, seconds: float) -> pd.DataFrame:
-    """The rows of ``history`` evaluated within ``seconds`` of solver time (mean over seeds)."""
-    at = history.groupby("step").seconds.transform("mean")
-    return history[at <= seconds].reset_index(drop=True)
 
 
 def grid_search(
