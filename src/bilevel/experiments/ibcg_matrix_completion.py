@@ -77,9 +77,11 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t_start = time.perf_counter()
     cfg = QUICK if quick else FULL
     histories, figures, claims, grids, notes = {}, {}, [], [], []
+    setting = {k: v for k, v in cfg.items() if k != "grid"} | {"seeds": seeds}
     for scaling in SCALINGS:
         problem = matrix_completion(cfg["n"], cfg["rank"], scaling=scaling)
-        hists, table = _run_scaling(problem, cfg, seeds, log)
+        hists, table, chosen = _run_scaling(problem, cfg, seeds, log)
+        setting |= {f"{scaling}: {label}": hyper for label, hyper in chosen.items()}
         table.insert(0, "scaling", scaling)
         grids.append(table)
         for label, h in hists.items():
@@ -102,13 +104,14 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         metric="normalized_error",
         figures=figures,
         figure_metrics={name: name.split("_", 1)[1] for name in figures},
-        setting={k: v for k, v in cfg.items() if k != "grid"} | {"seeds": seeds},
+        setting=setting,
         xs=("step", "seconds"),
     )
 
 
-def _run_scaling(problem, cfg, seeds, log) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """Grid, then every method run until K_max steps or the time budget, on one problem."""
+def _run_scaling(problem, cfg, seeds, log) -> tuple[dict, pd.DataFrame, dict]:
+    """Grid, then every method run until K_max steps or the time budget, on one problem:
+    the histories and the grid's table by label, and each method's hyperparameters."""
     methods, tables = [], []
     for label, (solver, base) in METHODS.items():
         hyper, table = grid_search(
@@ -126,7 +129,7 @@ def _run_scaling(problem, cfg, seeds, log) -> tuple[dict[str, pd.DataFrame], pd.
         for label, solver, hyper in methods
     ]  # fmt: skip
     hists = run_methods(problem, runs, seeds=seeds, log=log)
-    return hists, pd.concat(tables)
+    return hists, pd.concat(tables), {label: hyper for label, _, hyper in methods}
 
 
 def _at_time(hist: pd.DataFrame, column: str, seconds: float) -> float:
