@@ -116,7 +116,7 @@ def run_methods(
         hist = res.history.copy()
         hist.insert(0, "method", m.label)
         out[m.label] = hist
-        log(f"  {m.label}: {m.steps} steps x {seeds} seeds in {time.perf_counter() - t0:.1f} s")
+        log(f"  {m.label}: {res.steps} steps x {seeds} seeds in {time.perf_counter() - t0:.1f} s")
     return out
 
 
