@@ -22,6 +22,7 @@ and reruns each curve as one compiled chunk (how much of the seconds panel is di
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -179,18 +180,12 @@ def setting(problems: dict, steps: dict, seeds: int) -> dict:
 def dispatch_seconds(problem, methods, hists, seeds: int) -> dict[str, tuple[float, float]]:
     """Per method, solver seconds for its K steps at eval_every=1 (``hists``) and the same K
     steps rerun as one compiled chunk (eval_every=K)."""
-    out = {}
-    for m in methods:
-        res = bl.solve(
-            problem,
-            m.make(),
-            steps=m.steps,
-            seeds=list(range(seeds)),
-            eval_every=m.steps,
-            progress=False,
-        )
-        out[m.label] = (final_mean(hists[m.label], "seconds"), final_mean(res.history, "seconds"))
-    return out
+    chunked = [dataclasses.replace(m, eval_every=m.steps) for m in methods]
+    runs = run_methods(problem, chunked, seeds=seeds, log=lambda _: None)
+    return {
+        m.label: (final_mean(hists[m.label], "seconds"), final_mean(runs[m.label], "seconds"))
+        for m in methods
+    }
 
 
 def long_run(problem, log) -> pd.DataFrame:
