@@ -2,7 +2,7 @@
 closed forms against the library's dense reference solves, their drift, and the variation
 measures of bl.metrics.variation against brute force.
 
-Break checks (made once by hand on 2026-12, then reverted): the box sup taken with the two LMOs
+Break checks (made once by hand on 2026-11-24, then reverted): the box sup taken with the two LMOs
 swapped fails the brute-force variation test; the oscillating sign (-1)^(t+1) instead of
 (-1)^t fails the oscillating closed-form test.
 """

@@ -243,6 +243,7 @@ def solve_online(
         unit="round",
         evaluation=_make_evaluation(oracle, regret_step, reference_steps),
         evaluation_kind=("online-evaluation", oracle, regret_step, reference_steps),
+        with_regret=oracle is not None,
     )
     run.check_start(state)
     try:
@@ -296,6 +297,7 @@ class _OnlineRun(_Run):
 
     evaluation: Callable | None = None  # builder of the evaluation program (_make_evaluation)
     evaluation_kind: tuple = ()  # its compile-cache key
+    with_regret: bool = True  # regret columns in the history (not with regret=None)
     chunks: list = dataclasses.field(default_factory=list)  # per chunk: (xs, ys, terms, gamma)
     regret_total: np.ndarray | None = None  # per seed, the cumulative regret so far
 
@@ -345,7 +347,8 @@ class _OnlineRun(_Run):
             t = self.done + r + 1
             self.regret_total = np.where(alive, self.regret_total + terms[:, r], np.nan)
             row_metrics = {k: v[:, r] for k, v in metrics.items()}
-            row_metrics |= {"regret_term": terms[:, r], "regret": self.regret_total}
+            if self.with_regret:
+                row_metrics |= {"regret_term": terms[:, r], "regret": self.regret_total}
             counts = Counts(*(np.asarray(c)[:, r] for c in trace.counts))
             seconds = self.seconds + elapsed * (r + 1) / length
             ok = self.history.record(row_metrics, counts, finite[:, r], t, seconds)

@@ -23,9 +23,11 @@ minibatch gradients are unbiased and the full round is the deterministic problem
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from ..metrics import Variation
 from ..online.problem import OnlineProblem
@@ -36,13 +38,16 @@ __all__ = ["drifting_quadratic", "DriftingQuadraticReference"]
 @dataclasses.dataclass(frozen=True, eq=False)
 class DriftingQuadraticReference:
     """Closed forms of a drifting quadratic stream. ``A, B, c, b`` are numpy float64 (``c``, ``b``
-    of shape (T, dim y): row t - 1 is round t); the methods are jit-able in a traced round t."""
+    of shape (T, dim y): row t - 1 is round t); the methods are jit-able in a traced round t and
+    take and return x, y shaped as the problem's (pytrees with ``pytree=True``)."""
 
     A: np.ndarray
     B: np.ndarray
     c: np.ndarray
     b: np.ndarray
     rho_x: float
+    unravel_x: Any = None  # flat x -> the problem's x (None: flat arrays)
+    unravel_y: Any = None
 
     @property
     def M(self) -> np.ndarray:
@@ -56,24 +61,29 @@ class DriftingQuadraticReference:
     def _jnp(self, name: str):
         return jnp.asarray(getattr(self, name))
 
+    def _shaped(self, flat, unravel):
+        return flat if unravel is None else unravel(flat)
+
     def y_star(self, t, x):
         """y*_t(x) = A^{-1} (B x + c_t)."""
         A, B, c = self._jnp("A"), self._jnp("B"), self._jnp("c")
-        return jnp.linalg.solve(A, B @ x + c[t - 1])
+        return self._shaped(jnp.linalg.solve(A, B @ _flat(x) + c[t - 1]), self.unravel_y)
 
     def F(self, t, x):
+        x = _flat(x)
         res = self._jnp("M") @ x + self._jnp("u")[t - 1]
         return 0.5 * jnp.sum(res**2) + 0.5 * self.rho_x * jnp.sum(x**2)
 
     def grad_F(self, t, x):
-        M = self._jnp("M")
-        return M.T @ (M @ x + self._jnp("u")[t - 1]) + self.rho_x * x
+        x, M = _flat(x), self._jnp("M")
+        grad = M.T @ (M @ x + self._jnp("u")[t - 1]) + self.rho_x * x
+        return self._shaped(grad, self.unravel_x)
 
     def y_star_penalty(self, t, x, lam):
         """y*_{lam,t}(x) = argmin_y f_t + lam g_t = (I + lam A)^{-1} (b_t + lam (B x + c_t))."""
         A, B = self._jnp("A"), self._jnp("B")
-        rhs = self._jnp("b")[t - 1] + lam * (B @ x + self._jnp("c")[t - 1])
-        return jnp.linalg.solve(jnp.eye(A.shape[0]) + lam * A, rhs)
+        rhs = self._jnp("b")[t - 1] + lam * (B @ _flat(x) + self._jnp("c")[t - 1])
+        return self._shaped(jnp.linalg.solve(jnp.eye(A.shape[0]) + lam * A, rhs), self.unravel_y)
 
     def variation(self, x_set=None, radius: float | None = None) -> Variation:
         """The variation measures in closed form (``bl.metrics.variation``).
@@ -88,7 +98,7 @@ class DriftingQuadraticReference:
         dc, db, du = np.diff(self.c, axis=0), np.diff(self.b, axis=0), np.diff(self.u, axis=0)
         d = 0.5 * np.diff(np.sum(self.u**2, axis=1))
         a = du @ self.M  # rows a_t = M^T du_t
-        dV, over = _affine_sup(a, d, x_set, radius)
+        dV, over = _affine_sup(a, d, x_set, radius, self.unravel_x)
         return Variation.from_increments(
             V=dV,
             H2=np.sum(np.linalg.solve(self.A, dc.T) ** 2, axis=0),
@@ -98,7 +108,11 @@ class DriftingQuadraticReference:
         )
 
 
-def _affine_sup(a: np.ndarray, d: np.ndarray, x_set, radius) -> tuple[np.ndarray, str]:
+def _flat(tree):
+    return ravel_pytree(tree)[0]
+
+
+def _affine_sup(a: np.ndarray, d: np.ndarray, x_set, radius, unravel) -> tuple[np.ndarray, str]:
     """``sup_{x in X} |<a_t, x> + d_t|`` per row t, and where the sup was taken, in words.
 
     Over a bounded X: max(<a, lmo(-a)> + d, -(<a, lmo(a)> + d)), lmo = the set's linear
@@ -108,9 +122,14 @@ def _affine_sup(a: np.ndarray, d: np.ndarray, x_set, radius) -> tuple[np.ndarray
 
     if radius is not None:
         return np.abs(d) + radius * np.linalg.norm(a, axis=1), f"the ball ||x|| <= {radius}"
-    if x_set is not None and sets.is_bounded(x_set, like=jnp.zeros(a.shape[1])):
-        low = np.array([row @ np.asarray(x_set.lmo(jnp.asarray(row))) for row in a])
-        high = np.array([row @ np.asarray(x_set.lmo(jnp.asarray(-row))) for row in a])
+    shaped = (lambda v: jnp.asarray(v)) if unravel is None else (lambda v: unravel(jnp.asarray(v)))
+
+    def lmo(v):  # the set's LMO on the problem's x shape, flattened back
+        return np.asarray(_flat(x_set.lmo(shaped(v))))
+
+    if x_set is not None and sets.is_bounded(x_set, like=shaped(np.zeros(a.shape[1]))):
+        low = np.array([row @ lmo(row) for row in a])
+        high = np.array([row @ lmo(-row) for row in a])
         return np.maximum(high + d, -(low + d)), f"X = {type(x_set).__name__} (closed form)"
     if np.allclose(a, 0.0):
         return np.abs(d), "every x (F_t - F_{t-1} does not depend on x)"
@@ -118,6 +137,13 @@ def _affine_sup(a: np.ndarray, d: np.ndarray, x_set, radius) -> tuple[np.ndarray
         "V_T is infinite over an unbounded X when F_t drifts along x; give radius= (the sup over "
         "the ball ||x|| <= radius), or a bounded x_set."
     )
+
+
+def _start(n: int, dtype, pytree: bool):
+    """Zeros of n entries: a flat array, or the nested dict the pytree variant uses."""
+    if not pytree:
+        return jnp.zeros(n, dtype)
+    return {"a": jnp.zeros(n // 2, dtype), "b": {"c": jnp.zeros(n - n // 2, dtype)}}
 
 
 def _drift(rng: np.random.Generator, start, horizon: int, speed: float, decay: float):
@@ -149,6 +175,7 @@ def drifting_quadratic(
     n_samples: int = 32,
     noise: float = 1.0,
     x_set=None,
+    pytree: bool = False,
     seed: int = 0,
 ) -> OnlineProblem:
     """A drifting quadratic stream with closed-form y*_t, F_t, grad F_t (module docstring).
@@ -166,6 +193,8 @@ def drifting_quadratic(
             n, dy)}``, ``outer_data = {"b": (T, n, dy)}``), spread by ``noise``, with exact
             round means.
         x_set: a ``bl.sets`` set for x (``None``: unconstrained); x0 = 0.
+        pytree: x and y as nested dicts (``{"a": ..., "b": {"c": ...}}``) instead of flat
+            arrays (the same problem).
         seed: instance seed (matrices, starting centres and drift directions).
 
     Returns:
@@ -187,9 +216,13 @@ def drifting_quadratic(
     horizon_rounds = horizon if isinstance(horizon, int) and horizon >= 1 else 1
     c = _drift(rng, rng.standard_normal(dy), horizon_rounds, drift_inner, drift_decay)
     b = _drift(rng, rng.standard_normal(dy), horizon_rounds, drift_outer, drift_decay)
-    ref = DriftingQuadraticReference(A=A, B=B, c=c, b=b, rho_x=float(rho_x))
-
     dtype = jnp.result_type(float)
+    x0, y0 = _start(dx, dtype, pytree), _start(dy, dtype, pytree)
+    unravel_x, unravel_y = (ravel_pytree(v)[1] if pytree else None for v in (x0, y0))
+    ref = DriftingQuadraticReference(
+        A=A, B=B, c=c, b=b, rho_x=float(rho_x), unravel_x=unravel_x, unravel_y=unravel_y
+    )
+
     Aj, Bj, cj, bj = (jnp.asarray(m, dtype) for m in (A, B, c, b))
     inner_data = outer_data = None
     if stochastic:
@@ -197,17 +230,19 @@ def drifting_quadratic(
         outer_data = {"b": _samples(rng, b, n_samples, noise).astype(dtype)}
 
     def inner(t, x, y, batch):
+        x, y = _flat(x), _flat(y)
         centre = cj[t - 1] if batch is None else jnp.mean(batch["c"], axis=0)
         return 0.5 * y @ (Aj @ y) - y @ (Bj @ x + centre)
 
     def outer(t, x, y, batch):
+        x, y = _flat(x), _flat(y)
         target = bj[t - 1] if batch is None else jnp.mean(batch["b"], axis=0)
         return 0.5 * jnp.sum((y - target) ** 2) + 0.5 * rho_x * jnp.sum(x**2)
 
     def metrics(t, x, y):
         return {
-            "grad_norm": jnp.linalg.norm(ref.grad_F(t, x)),
-            "y_err": jnp.linalg.norm(y - ref.y_star(t, x)),
+            "grad_norm": jnp.linalg.norm(_flat(ref.grad_F(t, x))),
+            "y_err": jnp.linalg.norm(_flat(y) - _flat(ref.y_star(t, x))),
             "F": ref.F(t, x),
         }
 
@@ -220,8 +255,8 @@ def drifting_quadratic(
         outer=outer,
         inner=inner,
         horizon=horizon,
-        x0=jnp.zeros(dx, dtype),
-        y0=jnp.zeros(dy, dtype),
+        x0=x0,
+        y0=y0,
         x_set=x_set,
         outer_data=outer_data,
         inner_data=inner_data,

@@ -29,7 +29,7 @@ import jax
 
 from ..problem import ProblemKindError
 from ..schedules import round_step_size
-from .base import Solver
+from .base import Solver, _is_auto
 
 __all__ = ["OnlineSolver"]
 
@@ -62,7 +62,7 @@ class OnlineSolver(Solver):
     def resolve(self, problem) -> OnlineSolver:
         """This solver with ``lr_inner="auto"`` filled in: ``auto_inner_factor / L_g``, with L_g
         estimated by ``bl.diagnose`` on round 1 at (x0, y0) (``problem.round_problem(1)``)."""
-        if getattr(self, "lr_inner", None) == "auto":
+        if _is_auto(getattr(self, "lr_inner", None)):
             from ..diagnose import auto_inner_step
 
             step = auto_inner_step(problem.round_problem(1), self.auto_inner_factor)
