@@ -305,9 +305,22 @@ def test_history_rounds_iterates_and_counts():
     assert res.rounds == 7 and res.ok and res.message == "completed 7 rounds"
 
 
-def test_seeds_vmap_equals_separate_runs():
+# ---- the battery: every online solver ---------------------------------------------------------
+ONLINE = bl.solvers.names("online")
+#: settings of the battery tests below, per solver (beyond lr_outer=0.1, lr_inner=0.3)
+SETTINGS = {"f2obo": {"inner_steps": 2}}
+
+
+def _make(name, **kw):
+    return bl.solvers.make(
+        name, **{"lr_outer": 0.1, "lr_inner": 0.3, **SETTINGS.get(name, {}), **kw}
+    )
+
+
+@pytest.mark.parametrize("name", ONLINE)
+def test_seeds_vmap_equals_separate_runs(name):
     problem = _quad(stochastic=True, n_samples=16, horizon=8)
-    solver = bl.solvers.make("f2obo", lr_outer=0.1, lr_inner=0.3, inner_steps=2, batch_size=4)
+    solver = _make(name, batch_size=4)
     many = bl.solve_online(problem, solver, progress=False, seeds=[3, 5], eval_every=4)
     assert many.xs.shape == (2, 8, 3) and many.regret.shape == (2, 8)
     for i, seed in enumerate([3, 5]):
@@ -319,10 +332,11 @@ def test_seeds_vmap_equals_separate_runs():
     assert sorted(many.history.seed.unique()) == [3, 5]
 
 
-def test_pytree_variables_give_the_flat_run():
+@pytest.mark.parametrize("name", ONLINE)
+def test_pytree_variables_give_the_flat_run(name):
     """x, y as nested dicts: the same stream, the same iterates and regret (1e-10: the same
     arithmetic in another layout)."""
-    solver = bl.solvers.make("f2obo", lr_outer=0.1, lr_inner=0.3, inner_steps=3)
+    solver = _make(name)
     box = bl.sets.Box(-0.05, 0.05)
     flat = bl.solve_online(_quad(x_set=box), solver, progress=False)
     tree = bl.solve_online(_quad(x_set=box, pytree=True), solver, progress=False)
@@ -344,20 +358,34 @@ def test_without_regret():
     assert "regret" not in res.history.columns and len(res.history) == 6
 
 
-def test_no_recompilation_on_a_second_solve(caplog):
+@pytest.mark.parametrize("name", ONLINE)
+def test_no_recompilation_on_a_second_solve(name, caplog):
+    """Numeric hyperparameters are arguments of the compiled chunk and evaluation programs."""
     problem = _quad()
     run = dict(progress=False, eval_every=3)
-    bl.solve_online(problem, bl.solvers.make("f2obo", lr_outer=0.1, lr_inner=0.3), **run)
+    first = bl.solve_online(problem, _make(name), **run)
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-        bl.solve_online(problem, bl.solvers.make("f2obo", lr_outer=0.05, lr_inner=0.2), **run)
+        second = bl.solve_online(problem, _make(name, lr_outer=0.05, lr_inner=0.2), **run)
         compiles = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     assert not compiles, compiles
+    assert not np.allclose(first.xs, second.xs)  # the new values were used
 
 
-def test_divergence_stops_and_keeps_the_rounds_done():
+@pytest.mark.parametrize("name", ONLINE)
+def test_counts_are_per_round_constant(name):
+    problem = _quad(stochastic=True, n_samples=16, horizon=8)
+    h = bl.solve_online(problem, _make(name, batch_size=4), progress=False).history
+    h = h.set_index("round")
+    for col in ("oracle_calls", "samples_inner", "samples_outer"):
+        assert h.loc[8, col] == 8 * h.loc[1, col], col
+    assert h.loc[1, "oracle_calls"] > 0 and h.loc[1, "samples"] % 4 == 0  # whole batches of 4
+
+
+@pytest.mark.parametrize("name", ONLINE)
+def test_divergence_stops_and_keeps_the_rounds_done(name):
     problem = _quad(horizon=60)
-    solver = bl.solvers.make("f2obo", lr_outer=1e3, lr_inner=0.3, inner_steps=2)
-    with pytest.warns(bl.DivergenceWarning, match=r"f2obo diverged.*round \d+.*step sizes"):
+    solver = _make(name, lr_outer=1e3)
+    with pytest.warns(bl.DivergenceWarning, match=rf"{name} diverged.*round \d+.*step sizes"):
         res = bl.solve_online(problem, solver, progress=False, eval_every=10)
     assert res.diverged == [0] and not res.ok
     h = res.history
@@ -369,10 +397,11 @@ def test_divergence_stops_and_keeps_the_rounds_done():
         bl.solve_online(problem, solver, progress=False, on_divergence="raise")
 
 
-def test_a_non_finite_start_is_reported():
+@pytest.mark.parametrize("name", ONLINE)
+def test_a_non_finite_start_is_reported(name):
     with pytest.raises(ValueError, match=r"x0=.*non-finite"):
         _quad(horizon=3).replace(x0=jnp.array([0.0, jnp.nan, 0.0]))
-    solver = bl.solvers.make("f2obo", lr_outer=0.1, lr_inner=0.3)
+    solver = _make(name)
     problem = _quad(horizon=3)
 
     def init(key):  # a random start that is NaN for one coordinate
