@@ -317,7 +317,8 @@ def _check_sampler(sampler, arg: str) -> PyTree:
             f"batch (t the round, a traced int32; key a PRNG key); calling it that way failed "
             f"with {type(err).__name__}: {err}"
         ) from err
-    sizes = {jax.tree_util.keystr(p) or "(root)": s.shape[:1] for p, s in _with_path(spec)}
+    leaves = jax.tree_util.tree_leaves_with_path(spec)
+    sizes = {jax.tree_util.keystr(p) or "(root)": s.shape[:1] for p, s in leaves}
     if not sizes or any(len(n) == 0 for n in sizes.values()) or len(set(sizes.values())) > 1:
         raise ValueError(
             f"OnlineProblem({arg}=...) sampler must return a pytree of arrays sharing a leading "
@@ -326,10 +327,6 @@ def _check_sampler(sampler, arg: str) -> PyTree:
     draw = sampler(jnp.ones((), jnp.int32), jax.random.PRNGKey(0))
     check_finite(draw, f"{arg}(1, key)", _OWNER)
     return spec
-
-
-def _with_path(tree):
-    return jax.tree_util.tree_leaves_with_path(tree)
 
 
 def _check_signature(arg: str, fn, x0, y0, batch) -> None:
