@@ -9,11 +9,17 @@ Quick start::
     solver = bl.solvers.make("f2sa", lr_outer=0.05, lr_inner=0.1)
     res = bl.solve(problem, solver, steps=2000, seeds=[0, 1, 2])
     res.history  # step, samples, oracle calls, seconds, grad_norm, ...
+
+Online (streaming) problems: ``bl.OnlineProblem`` (f(t, x, y, batch), g, horizon=T, ...),
+played by an online solver (``bl.solvers.names("online")``) with ``bl.solve_online``; see
+``docs/online.md``.
 """
 
 from . import metrics, oracles, problems, sets, solvers
 from .diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
-from .problem import BilevelProblem
+from .online.problem import OnlineProblem
+from .online.run import OnlineResult, solve_online
+from .problem import BilevelProblem, ProblemKindError
 from .run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
 from .sweep import sweep
 
@@ -21,7 +27,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BilevelProblem",
+    "OnlineProblem",
     "solve",
+    "solve_online",
+    "OnlineResult",
+    "ProblemKindError",
     "sweep",
     "Result",
     "DivergenceWarning",

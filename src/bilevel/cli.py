@@ -108,6 +108,10 @@ def solvers() -> None:
         cls = bl.solvers.get(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         typer.echo(f"{name:12s} {doc}")
+    typer.echo("online solvers (streams: bl.solve_online in Python, not `bilevel run`):")
+    for name in bl.solvers.names("online"):
+        doc = (bl.solvers.get(name).__doc__ or "").strip().splitlines()[0]
+        typer.echo(f"{name:12s} {doc}")
 
 
 @app.command()

@@ -23,7 +23,14 @@ from . import sampling
 
 PyTree = Any
 
-__all__ = ["BilevelProblem"]
+__all__ = ["BilevelProblem", "ProblemKindError"]
+
+
+class ProblemKindError(TypeError, ValueError):
+    """A solver or driver was given the other kind of problem: an online solver (or
+    ``bl.solve_online``) a ``BilevelProblem``, or an offline solver (or ``bl.solve``) an
+    ``OnlineProblem``. It is both a ``TypeError`` (the wrong kind of object) and a
+    ``ValueError`` (a bad argument), so either ``except`` catches it."""
 
 
 @jax.tree_util.register_pytree_node_class
@@ -99,38 +106,23 @@ class BilevelProblem:
                     f"BilevelProblem({arg}=...) must be a function fn(x, y, batch) -> scalar, "
                     f"got {type(getattr(self, arg)).__name__}."
                 )
-        x0 = _as_float_tree(self.x0, "x0")
-        y0 = _as_float_tree(self.y0, "y0")
+        x0 = as_float_tree(self.x0, "x0")
+        y0 = as_float_tree(self.y0, "y0")
         object.__setattr__(self, "x0", x0)
         object.__setattr__(self, "y0", y0)
         for arg in ("outer_data", "inner_data"):
             data = getattr(self, arg)
             if data is not None:
                 object.__setattr__(self, arg, _check_data(data, arg))
-        _check_finite(x0, "x0")
-        _check_finite(y0, "y0")
+        check_finite(x0, "x0")
+        check_finite(y0, "y0")
         for arg, fn, data in (
             ("outer", self.outer, self.outer_data),
             ("inner", self.inner, self.inner_data),
         ):
             _check_signature(arg, fn, x0, y0, data)
         if self.x_set is not None:
-            for meth in ("project", "lmo"):
-                if not callable(getattr(self.x_set, meth, None)):
-                    raise TypeError(
-                        f"BilevelProblem(x_set=...) must be a bl.sets set with project() and "
-                        f"lmo(), got {type(self.x_set).__name__}."
-                    )
-            _check_x_set(self.x_set, x0)
-            inside = bool(self.x_set.contains(x0))
-            if not inside:
-                warnings.warn(
-                    f"x0 lies outside x_set={type(self.x_set).__name__}; it was projected onto "
-                    "the set.",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                object.__setattr__(self, "x0", self.x_set.project(x0))
+            object.__setattr__(self, "x0", start_in_x_set(self.x_set, x0))
 
         if self.metrics is not None:
             _check_metrics(self.metrics, x0, self.y0)
@@ -166,10 +158,31 @@ class BilevelProblem:
 
 
 # ---------------------------------------------------------------------------------------------
-def _as_float_tree(tree: PyTree, arg: str) -> PyTree:
+# The checks below are shared with bl.OnlineProblem: ``owner`` names the class in the messages.
+def start_in_x_set(x_set, x0: PyTree, owner: str = "BilevelProblem") -> PyTree:
+    """``x0``, projected onto ``x_set`` with a ``UserWarning`` when it lies outside, after
+    checking that ``x_set`` is a ``bl.sets`` set that fits ``x0``."""
+    for meth in ("project", "lmo"):
+        if not callable(getattr(x_set, meth, None)):
+            raise TypeError(
+                f"{owner}(x_set=...) must be a bl.sets set with project() and lmo(), got "
+                f"{type(x_set).__name__}."
+            )
+    _check_x_set(x_set, x0, owner)
+    if bool(x_set.contains(x0)):
+        return x0
+    warnings.warn(
+        f"x0 lies outside x_set={type(x_set).__name__}; it was projected onto the set.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return x_set.project(x0)
+
+
+def as_float_tree(tree: PyTree, arg: str, owner: str = "BilevelProblem") -> PyTree:
     leaves = jax.tree.leaves(tree)
     if not leaves:
-        raise ValueError(f"BilevelProblem({arg}=...) holds no arrays; give at least one array.")
+        raise ValueError(f"{owner}({arg}=...) holds no arrays; give at least one array.")
     out = []
     for leaf in leaves:
         arr = jnp.asarray(leaf)
@@ -178,20 +191,20 @@ def _as_float_tree(tree: PyTree, arg: str) -> PyTree:
                 arr = arr.astype(jnp.result_type(float))
             else:
                 raise TypeError(
-                    f"BilevelProblem({arg}=...) leaves must be real arrays, got dtype {arr.dtype}."
+                    f"{owner}({arg}=...) leaves must be real arrays, got dtype {arr.dtype}."
                 )
         out.append(arr)
     return jax.tree.unflatten(jax.tree.structure(tree), out)
 
 
-def _check_finite(tree: PyTree, arg: str) -> None:
+def check_finite(tree: PyTree, arg: str, owner: str = "BilevelProblem") -> None:
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         a = np.asarray(leaf)
         if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
             bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
             where = jax.tree_util.keystr(path) or "(root)"
             raise ValueError(
-                f"BilevelProblem({arg}=...) has {bad} non-finite value(s) (NaN or inf) in leaf "
+                f"{owner}({arg}=...) has {bad} non-finite value(s) (NaN or inf) in leaf "
                 f"{where}; every entry must be finite."
             )
 
@@ -218,7 +231,7 @@ def _check_data(data: PyTree, arg: str) -> PyTree:
     if next(iter(counts.values())) == 0:
         raise ValueError(f"BilevelProblem({arg}=...) has zero samples.")
     data = jax.tree.map(jnp.asarray, data)
-    _check_finite(data, arg)
+    check_finite(data, arg)
     return data
 
 
@@ -235,21 +248,26 @@ def _check_signature(arg: str, fn, x0, y0, data) -> None:
             f"BilevelProblem({arg}=...) could not be evaluated as {arg}(x0, y0, batch) with "
             f"{shapes}: {type(err).__name__}: {err}"
         ) from err
+    check_scalar_output(out, arg)
+
+
+def check_scalar_output(out, arg: str, owner: str = "BilevelProblem") -> None:
+    """``out`` (an ``eval_shape`` result of f or g) must be one float scalar."""
     leaves = jax.tree.leaves(out)
     if len(leaves) != 1 or leaves[0].shape != ():
         raise ValueError(
-            f"BilevelProblem({arg}=...) must return a scalar (the mean loss over the batch), "
+            f"{owner}({arg}=...) must return a scalar (the mean loss over the batch), "
             f"got output of shape {jax.tree.map(lambda s: s.shape, out)}."
         )
     if not jnp.issubdtype(leaves[0].dtype, jnp.floating):
-        raise ValueError(f"BilevelProblem({arg}=...) must return a float, got {leaves[0].dtype}.")
+        raise ValueError(f"{owner}({arg}=...) must return a float, got {leaves[0].dtype}.")
 
 
 def _shapes(tree: PyTree) -> PyTree:
     return jax.tree.map(lambda a: tuple(np.shape(a)), tree)
 
 
-def _check_x_set(x_set, x0: PyTree) -> None:
+def _check_x_set(x_set, x0: PyTree, owner: str = "BilevelProblem") -> None:
     """``x_set`` must project and take LMOs of pytrees shaped like ``x0`` (before any compile)."""
     name = type(x_set).__name__
     for meth in ("project", "lmo"):
@@ -258,13 +276,13 @@ def _check_x_set(x_set, x0: PyTree) -> None:
         except Exception as err:
             reason = str(err).rstrip(".")
             raise ValueError(
-                f"BilevelProblem(x_set={name}(...)) does not fit x0 (shapes {_shapes(x0)}): "
+                f"{owner}(x_set={name}(...)) does not fit x0 (shapes {_shapes(x0)}): "
                 f"x_set.{meth}(x0) fails with {type(err).__name__}: {reason}. Give the set's "
                 "parameters (e.g. Box bounds) as scalars, or with the shapes of x0."
             ) from err
         if jax.tree.structure(out) != jax.tree.structure(x0) or _shapes(out) != _shapes(x0):
             raise ValueError(
-                f"BilevelProblem(x_set={name}(...)) does not fit x0: x_set.{meth}(x0) has "
+                f"{owner}(x_set={name}(...)) does not fit x0: x_set.{meth}(x0) has "
                 f"shapes {_shapes(out)}, x0 has {_shapes(x0)}. Give the set's parameters (e.g. "
                 "Box bounds) as scalars, or with the shapes of x0."
             )
@@ -279,16 +297,20 @@ def _check_metrics(metrics, x0: PyTree, y0: PyTree) -> None:
             f"BilevelProblem(metrics=...) could not be evaluated as metrics(x0, y0) (it must be "
             f"a jit-able function of x and y): {type(err).__name__}: {err}"
         ) from err
+    check_metrics_output(out)
+
+
+def check_metrics_output(out, owner: str = "BilevelProblem") -> None:
+    """``out`` (an ``eval_shape`` result of ``metrics``) must be a dict name -> scalar."""
     if not isinstance(out, dict):
         raise ValueError(
-            f"BilevelProblem(metrics=...) must return a dict name -> scalar, got "
-            f"{type(out).__name__}."
+            f"{owner}(metrics=...) must return a dict name -> scalar, got {type(out).__name__}."
         )
     for key, value in out.items():
         shape = np.shape(value) if not isinstance(value, jax.ShapeDtypeStruct) else value.shape
         if not isinstance(key, str) or shape != ():
             raise ValueError(
-                f"BilevelProblem(metrics=...) entry {key!r} has shape {shape}; every metric "
+                f"{owner}(metrics=...) entry {key!r} has shape {shape}; every metric "
                 "must be a scalar (one history column): reduce it (e.g. jnp.linalg.norm) or "
                 "return one entry per component."
             )

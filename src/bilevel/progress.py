@@ -29,15 +29,16 @@ def format_duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def format_rate(steps_per_second: float | None) -> str:
-    """``12.3k steps/s`` (or ``0.45 steps/s``); ``-- steps/s`` when unknown."""
+def format_rate(steps_per_second: float | None, unit: str = "step") -> str:
+    """``12.3k steps/s`` (or ``0.45 steps/s``); ``-- steps/s`` when unknown. ``unit`` names
+    what is counted (``"round"`` for ``bl.solve_online``)."""
     r = steps_per_second
     if r is None or not r > 0:
-        return "-- steps/s"
+        return f"-- {unit}s/s"
     for scale, suffix in ((1e6, "M"), (1e3, "k")):
         if r >= scale:
-            return f"{r / scale:.1f}{suffix} steps/s"
-    return f"{r:.3g} steps/s"
+            return f"{r / scale:.1f}{suffix} {unit}s/s"
+    return f"{r:.3g} {unit}s/s"
 
 
 class _Clock:
@@ -86,6 +87,7 @@ class Progress:
         n_seeds: number of seeds (header line).
         console: a ``rich.console.Console`` (default: stderr); whether it is a terminal picks
             the bar or the line-per-evaluation form.
+        unit: what ``steps`` counts, in the singular (``"round"`` for ``bl.solve_online``).
     """
 
     def __init__(
@@ -96,8 +98,10 @@ class Progress:
         problem_name: str,
         n_seeds: int = 1,
         console: Any = None,
+        unit: str = "step",
     ):
         self.enabled = enabled
+        self.unit = unit
         self.bar = None
         if not enabled:
             return
@@ -108,7 +112,7 @@ class Progress:
         self.name = solver_name[:12]
         self.clock = _Clock(steps)
         seeds = f"{n_seeds} seeds" if n_seeds != 1 else "1 seed"
-        self.note(f"{solver_name} on {problem_name}: {steps:,} steps, {seeds}")
+        self.note(f"{solver_name} on {problem_name}: {steps:,} {unit}s, {seeds}")
         if self.console.is_terminal:
             self._start_bar()
 
@@ -139,7 +143,7 @@ class Progress:
         elapsed, rate, eta = self.clock.tick(done) if done else (0.0, None, None)
         return {
             "mofn": f"{done:,}/{self.steps:,}",
-            "rate": format_rate(rate),
+            "rate": format_rate(rate, self.unit),
             "times": f"{format_duration(elapsed)} eta {format_duration(eta)}",
             "info": _headline(rows),
         }
@@ -159,7 +163,7 @@ class Progress:
             return
         pct = 100.0 * done / self.steps
         self.note(
-            f"{self.name}  step {fields['mofn']} ({pct:.1f}%)  {fields['rate']}  "
+            f"{self.name}  {self.unit} {fields['mofn']} ({pct:.1f}%)  {fields['rate']}  "
             f"{fields['times']}  {fields['info']}".rstrip()
         )
 

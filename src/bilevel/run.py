@@ -36,7 +36,7 @@ from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
-from .problem import BilevelProblem
+from .problem import BilevelProblem, ProblemKindError
 from .solvers.base import Solver
 
 PyTree = Any
@@ -188,6 +188,7 @@ def _compiled(
     batched: bool,
     init=None,
     over_grid: bool = False,
+    build: Callable | None = None,
 ):
     """The compiled ``kind`` program as a function of ``(problem, state)``.
 
@@ -195,7 +196,10 @@ def _compiled(
     leaves), so the cache is keyed on its structure and the avals of its leaves, not on their
     values: solvers that differ only in numeric hyperparameters share one compilation.
     ``over_grid`` (``bl.sweep``): the solver's leaves and the state carry a leading axis of
-    grid points, and the program is the same one vmapped over it.
+    grid points, and the program is the same one vmapped over it. ``build`` (``bl.solve_online``'s
+    programs): ``build(length, batched)`` makes the raw ``fn(solver, problem, state)`` of a
+    ``kind`` other than "chunk", "eval" and "init"; ``kind`` (any hashable) must then name
+    everything static the program depends on, since it is the cache key.
     """
     key = (
         kind,
@@ -211,7 +215,9 @@ def _compiled(
     if fn is not None:
         _COMPILED.move_to_end(key)
     else:
-        if kind == "chunk":
+        if build is not None:
+            raw = build(length, batched)
+        elif kind == "chunk":
             raw = _make_chunk(length, batched)
         elif kind == "eval":
             raw = _make_eval(batched)
@@ -610,6 +616,15 @@ def _check_checkpoint_dir(checkpoint) -> Path | None:
 
 def _check_arguments(problem, solver, steps, on_divergence, eval_every) -> tuple[int, int]:
     """``(steps, every)`` after checking the plain arguments of ``solve``."""
+    from .online.problem import OnlineProblem
+
+    if isinstance(problem, OnlineProblem):
+        raise ProblemKindError(
+            f"solve(problem=...) needs a bl.BilevelProblem, got the bl.OnlineProblem "
+            f"{problem.name}: run a stream with bl.solve_online(problem, solver) and an online "
+            "solver such as 'f2obo' (bl.solvers.names('online')), or one of its rounds with "
+            "bl.solve(problem.round_problem(t), solver, steps)."
+        )
     if not isinstance(problem, BilevelProblem):
         raise TypeError(
             f"solve(problem=...) needs a bl.BilevelProblem, got {type(problem).__name__}."
@@ -619,9 +634,13 @@ def _check_arguments(problem, solver, steps, on_divergence, eval_every) -> tuple
             f"solve(solver=...) needs a solver from bl.solvers.make(...), got "
             f"{type(solver).__name__}."
         )
+    _check_on_divergence(on_divergence)
+    return _check_steps(steps, eval_every)
+
+
+def _check_on_divergence(on_divergence) -> None:
     if on_divergence not in ("warn", "raise"):
         raise ValueError(f"on_divergence must be 'warn' or 'raise', got {on_divergence!r}.")
-    return _check_steps(steps, eval_every)
 
 
 def _check_steps(steps, eval_every, caller: str = "solve") -> tuple[int, int]:
@@ -743,12 +762,19 @@ def solve(
     finally:
         display.close()
     result = run.result(state, resumed is not None)
+    return _finish(result, stopped, ckpt_dir, on_divergence)
+
+
+def _finish(result, stopped: str | None, checkpoint: Path | None, on_divergence: str):
+    """``result``, or the stop it ended with: :class:`Interrupted` after a signal, a
+    :class:`DivergenceWarning` (or ``DivergenceError``) when a seed diverged (shared by
+    ``solve`` and ``solve_online``, whose caller the warning points at)."""
     if stopped is not None:
-        raise Interrupted(result.message, result, ckpt_dir, stopped)
+        raise Interrupted(result.message, result, checkpoint, stopped)
     if result.diverged:
         if on_divergence == "raise":
             raise DivergenceError(result.message, result)
-        warnings.warn(result.message, DivergenceWarning, stacklevel=2)
+        warnings.warn(result.message, DivergenceWarning, stacklevel=3)
     return result
 
 
@@ -768,6 +794,7 @@ class _Run:
     seconds: float = 0.0
     diverged_at: dict = dataclasses.field(default_factory=dict)
     over_grid: bool = False  # bl.sweep: a leading axis of grid points (history: _GridHistory)
+    unit: str = "step"  # what ``steps`` counts, in messages ("round" in bl.solve_online)
     time_limit: float | None = None  # seconds of solver time after which the loop stops
 
     def _out_of_time(self) -> bool:
@@ -855,7 +882,7 @@ class _Run:
     def _message(self, diverged: list[int], resumed: bool) -> str:
         name, problem = self.solver.name, self.problem.name
         if self.diverged_at or diverged:
-            detail = ", ".join(f"seed {s} by step {k}" for s, k in self.diverged_at.items())
+            detail = ", ".join(f"seed {s} by {self.unit} {k}" for s, k in self.diverged_at.items())
             return (
                 f"{name} diverged on {problem} ({detail or ', '.join(map(str, diverged))}): "
                 f"non-finite iterates or metrics, or a headline metric beyond "
@@ -864,14 +891,14 @@ class _Run:
             )
         if self.done < self.steps and self._out_of_time():
             return (
-                f"stopped at step {self.done} of {self.steps}: the time limit of "
+                f"stopped at {self.unit} {self.done} of {self.steps}: the time limit of "
                 f"{self.time_limit:g} s of solver time was reached ({self.seconds:.3g} s)"
             )
         if self.done < self.steps and self.history.alive.any():
             saved = self.checkpointer.directory
             where = f"; checkpoint in {saved}" if saved is not None else ""
-            return f"interrupted at step {self.done} of {self.steps}{where}"
-        return ("resumed; " if resumed else "") + f"completed {self.done} steps"
+            return f"interrupted at {self.unit} {self.done} of {self.steps}{where}"
+        return ("resumed; " if resumed else "") + f"completed {self.done} {self.unit}s"
 
 
 #: a run whose headline metric grows beyond this factor of its start (and of 1) is diverged
@@ -889,7 +916,10 @@ def _exploded(metrics: dict, step: int, history: _History) -> np.ndarray:
     if name is None or step == 0:
         return np.zeros(n_seeds, bool)
     values = np.broadcast_to(np.atleast_1d(np.asarray(metrics[name], float)), (n_seeds,))
-    start = {r["seed"]: r[name] for r in history.rows if r["step"] == 0 and name in r}
+    start = {}  # each seed's first row: step 0 in solve, round 1 in solve_online
+    for r in history.rows:
+        if name in r:
+            start.setdefault(r["seed"], r[name])
     base = np.array([abs(start.get(s, np.inf)) for s in history.seeds])
     return np.abs(values) > EXPLOSION_FACTOR * np.maximum(base, 1.0)
 

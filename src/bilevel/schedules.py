@@ -42,6 +42,7 @@ Schedule = Callable[[Any], Any]
 __all__ = [
     "Schedule",
     "step_size",
+    "round_step_size",
     "constant",
     "inverse_power",
     "as_schedule",
@@ -76,6 +77,19 @@ def step_size(value: Any, k: Any, power: Any = 0.0, k0: Any = 1.0) -> jax.Array:
         return jnp.asarray(value, dtype=jnp.result_type(float))
     kf = jnp.asarray(k, dtype=jnp.result_type(float))
     return value * (k0 / (kf + k0)) ** power
+
+
+def round_step_size(value: Any, t: Any, power: Any = 0.0) -> jax.Array:
+    """The step size ``value`` at round ``t = 1, 2, ...`` of an online method.
+
+    A schedule is called with the round ``t`` itself (the traced int32 of the solver's state);
+    a float is ``value * t ** -power``, the ``gamma_t ~ t^-tau`` of the online analyses (Jia &
+    Chen, arXiv:2602.11665, Theorem 3.2), which is :func:`step_size` at ``k = t - 1``, ``k0 = 1``
+    (so ``value`` is the step of round 1).
+    """
+    if callable(value):
+        return value(t)
+    return step_size(value, jnp.asarray(t) - 1, power, 1.0)
 
 
 def constant(value: Any) -> Schedule:

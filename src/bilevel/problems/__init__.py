@@ -1,7 +1,9 @@
 """Problems: the closed-form quadratic family and the papers' experiment problems.
 
 ``bl.problems.names()`` lists the problems the CLI can build by name; ``bl.problems.make(name,
-**options)`` builds one.
+**options)`` builds one. The online streams (``drifting_quadratic``, ``oscillating``: closed-form
+``bl.OnlineProblem``s for ``bl.solve_online``) are built by their functions and are not in that
+list, which ``bilevel run`` (offline) draws from.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import difflib
 from collections.abc import Callable
 
 from .coreset_toy import CoresetReference, coreset_toy
+from .drifting_quadratic import DriftingQuadraticReference, drifting_quadratic
 from .hyper_cleaning import hyper_cleaning, hyper_cleaning_dataset, retrain, train_without_bilevel
 from .hyper_representation import (
     deep_hyper_representation,
@@ -20,6 +23,7 @@ from .hyper_representation import (
 )
 from .l2_hpo import l2_hpo_linear, l2_hpo_linear_dataset, l2_hpo_logistic, l2_hpo_logistic_dataset
 from .matrix_completion import MatrixCompletionReference, matrix_completion
+from .oscillating import OscillatingReference, oscillating
 from .quadratic import QuadraticReference, quadratic
 
 __all__ = [
@@ -42,6 +46,10 @@ __all__ = [
     "l2_hpo_linear_dataset",
     "matrix_completion",
     "MatrixCompletionReference",
+    "drifting_quadratic",
+    "DriftingQuadraticReference",
+    "oscillating",
+    "OscillatingReference",
     "make",
     "names",
     "register",

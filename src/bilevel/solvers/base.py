@@ -34,7 +34,7 @@ import optax
 from .. import sampling
 from .._tree import tree_axpy, tree_norm
 from ..oracles import Counts
-from ..problem import BilevelProblem
+from ..problem import BilevelProblem, ProblemKindError
 from ..schedules import check_step_size
 
 PyTree = Any
@@ -152,12 +152,18 @@ class Solver(abc.ABC):
     #: fields whose "auto" the method itself settles inside ``step`` (from the problem's
     #: structure, e.g. F2SA's ``regime``), so ``resolve`` need not fill them in
     auto_in_step: ClassVar[tuple[str, ...]] = ()
+    #: ``lr_*`` fields that may be ``None``, meaning a rule of the other step sizes (F2OBO's
+    #: ``lr_lagrangian=None`` is ``lr_inner / 2``)
+    optional_step_sizes: ClassVar[tuple[str, ...]] = ()
+    #: whether the method is online (a stream of rounds: ``bl.solve_online`` on a
+    #: ``bl.OnlineProblem``; ``solvers/online.py``) or offline (``bl.solve``)
+    online: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         """Register every solver class as a pytree and guard its ``init``/``step`` (once, here,
         so that no solver has to remember either)."""
         super().__init_subclass__(**kwargs)
-        for method in ("init", "step"):
+        for method in ("init", "step", "round"):
             fn = cls.__dict__.get(method)
             if fn is not None and not getattr(fn, "_checks_resolved", False):
                 setattr(cls, method, _requires_resolved(fn))
@@ -178,6 +184,8 @@ class Solver(abc.ABC):
                     f"{type(self).__name__}(lr_inner={value!r}) is not a step size: use a "
                     "positive float, a schedule k -> step, or 'auto' (1/L_g from bl.diagnose)."
                 )
+            if value is None and fld.name in self.optional_step_sizes:
+                continue
             if fld.name.startswith("lr_") and not (
                 fld.name in self.auto_step_sizes and _is_auto(value)
             ):
@@ -271,6 +279,16 @@ class Solver(abc.ABC):
 
     def check_problem(self, problem: BilevelProblem) -> None:
         """Refuse a problem this solver cannot handle, before anything is compiled."""
+        from ..online.problem import OnlineProblem
+
+        if isinstance(problem, OnlineProblem):
+            raise ProblemKindError(
+                f"{self.name!r} is an offline solver, but {problem.name} is a "
+                f"bl.OnlineProblem (a stream of {problem.horizon} rounds); run it with an "
+                "online solver such as 'f2obo' and bl.solve_online (bl.solvers.names('online') "
+                "lists them), or run this solver on one round with "
+                "bl.solve(problem.round_problem(t), ...)."
+            )
         if not isinstance(problem, BilevelProblem):
             raise TypeError(
                 f"{type(self).__name__} needs a bl.BilevelProblem, got {type(problem).__name__}."

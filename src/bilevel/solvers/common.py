@@ -18,7 +18,7 @@ from ..sampling import Minibatches
 
 PyTree = Any
 
-__all__ = ["inner_sgd", "implicit_hypergradient"]
+__all__ = ["inner_sgd", "implicit_hypergradient", "penalty_inner_loop", "penalty_x_gradient"]
 
 
 def inner_sgd(problem: BilevelProblem, mb: Minibatches, x, y, lr, num_steps: int, first: int = 0):
@@ -38,3 +38,47 @@ def implicit_hypergradient(problem: BilevelProblem, x, y, v, grad_x_f, cross_bat
     """``grad_x f - (d^2 g / dx dy) v``: the implicit-function hypergradient given the adjoint
     ``v ~ [d^2 g/dy^2]^{-1} grad_y f`` (AID, stocBiO, TTSA, STABLE's x-direction)."""
     return tree_sub(grad_x_f, oracles.cross_xy(problem.inner, x, y, cross_batch, v))
+
+
+# ---- the fully first-order penalty family (F2SA, F2OBO) ------------------------------------
+def penalty_inner_loop(f, g, x, y, z, *, lr_z, lr_y, lam, num_steps: int, draws):
+    """``num_steps`` steps of the two inner sequences of the fully first-order penalty methods
+    (Kwon et al., ICML 2023, Algorithm 1, F2SA; Jia & Chen, arXiv:2602.11665, Algorithm 1 lines
+    4-7, F2OBO), each from the other's old value (they are independent)::
+
+        z <- z - lr_z grad_y g(x, z)                          (tracks y*(x) = argmin_y g)
+        y <- y - lr_y (grad_y f(x, y) + lam grad_y g(x, y))   (tracks y*_lam = argmin f + lam g)
+
+    ``f(x, y, batch)`` and ``g`` are the level functions (an online method passes round t's);
+    ``draws(k)`` gives inner step k's batches ``(g at z, f at y, g at y)`` (k traced). Returns
+    ``(y, z)``.
+    """
+
+    def body(carry, k):
+        y_, z_ = carry
+        batch_gz, batch_f, batch_gy = draws(k)
+        z_new = tree_axpy(-lr_z, oracles.grad_y(g, x, z_, batch_gz), z_)
+        direction = tree_axpy(
+            lam, oracles.grad_y(g, x, y_, batch_gy), oracles.grad_y(f, x, y_, batch_f)
+        )
+        return (tree_axpy(-lr_y, direction, y_), z_new), None
+
+    (y, z), _ = jax.lax.scan(body, (y, z), jnp.arange(num_steps))
+    return y, z
+
+
+def penalty_x_gradient(f, g, x, y, z, lam, batch_f, batch_gy, batch_gz) -> PyTree:
+    """The x-gradient of the penalty surrogate at fixed (detached) y and z,
+
+        grad_x f(x, y) + lam (grad_x g(x, y) - grad_x g(x, z)),
+
+    the estimate of grad L*_lam(x) (Kwon et al. 2023, Lemma 3.1; Jia & Chen, eq. (6) and
+    Algorithm 1 line 9), with the given batches of f at y, g at y and g at z (one sample for
+    both g terms is the same batch given twice). Three first-order calls; the difference of
+    the two g terms is taken before it is scaled by lam (spec pitfall 2: with lam in the
+    thousands, the bias of y and z is what matters, not this rounding).
+    """
+    h_fx = oracles.grad_x(f, x, y, batch_f)
+    h_gxy = oracles.grad_x(g, x, y, batch_gy)
+    h_gxz = oracles.grad_x(g, x, z, batch_gz)
+    return tree_axpy(lam, tree_sub(h_gxy, h_gxz), h_fx)

@@ -20,12 +20,11 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import oracles
-from .._tree import tree_axpy, tree_sub
 from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..schedules import step_size
 from .base import OuterState, Solver
+from .common import penalty_inner_loop, penalty_x_gradient
 from .registry import register
 
 PyTree = Any
@@ -237,23 +236,25 @@ class F2SA(Solver):
         # Inner draws: 2 per inner step (h_gz, h_gy), then 1 or 2 for h_gxy, h_gxz.
         mb = self.minibatches(problem, batch_key, outer=T + 1, inner=2 * T + n_x_inner)
 
-        def inner_step(carry, t):
-            y, z = carry
-            z = tree_axpy(-sched.gamma, oracles.grad_y(g, x, z, mb.inner(2 * t)), z)
-            q_y = tree_axpy(  # h_fy + lam h_gy
-                sched.lam,
-                oracles.grad_y(g, x, y, mb.inner(2 * t + 1)),
-                oracles.grad_y(f, x, y, mb.outer(t)),
-            )
-            y = tree_axpy(-sched.alpha, q_y, y)
-            return (y, z), None
+        def draws(t):  # inner step t: g at z, f at y, g at y, each its own sample
+            return mb.inner(2 * t), mb.outer(t), mb.inner(2 * t + 1)
 
-        (y, z), _ = jax.lax.scan(inner_step, (state.y, state.z), jnp.arange(T))
+        y, z = penalty_inner_loop(
+            f,
+            g,
+            x,
+            state.y,
+            state.z,
+            lr_z=sched.gamma,
+            lr_y=sched.alpha,
+            lam=sched.lam,
+            num_steps=T,
+            draws=draws,
+        )
         # Eq. (10): x-gradients at the old x_k and the new y_{k+1}, z_{k+1}.
-        h_fx = oracles.grad_x(f, x, y, mb.outer(T))
-        h_gxy = oracles.grad_x(g, x, y, mb.inner(2 * T))
-        h_gxz = oracles.grad_x(g, x, z, mb.inner(2 * T + n_x_inner - 1))
-        direction = tree_axpy(sched.lam, tree_sub(h_gxy, h_gxz), h_fx)
+        direction = penalty_x_gradient(
+            f, g, x, y, z, sched.lam, mb.outer(T), mb.inner(2 * T), mb.inner(2 * T + n_x_inner - 1)
+        )
         x_new, outer_state = self.outer_step(problem, x, direction, state.outer_state, sched.outer)
 
         counts = state.counts.add(

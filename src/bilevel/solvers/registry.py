@@ -23,9 +23,21 @@ def register(name: str):
     return deco
 
 
-def names() -> list[str]:
-    """Every registered solver name, lower-case, sorted."""
-    return sorted(_REGISTRY)
+def names(kind: str = "offline") -> list[str]:
+    """The registered solver names of one ``kind``, lower-case, sorted.
+
+    Args:
+        kind: ``"offline"`` (the default: the solvers ``bl.solve`` runs on a
+            ``bl.BilevelProblem``, which every offline test battery and the CLI iterate),
+            ``"online"`` (``bl.solve_online`` on a ``bl.OnlineProblem``: F2OBO, ...) or
+            ``"all"``.
+    """
+    if kind not in ("offline", "online", "all"):
+        raise ValueError(f"names(kind={kind!r}) is unknown; use 'offline', 'online' or 'all'.")
+    if kind == "all":
+        return sorted(_REGISTRY)
+    online = kind == "online"
+    return sorted(k for k, cls in _REGISTRY.items() if cls.online == online)
 
 
 def get(name: str) -> type:
@@ -36,7 +48,8 @@ def get(name: str) -> type:
     if key not in _REGISTRY:
         close = difflib.get_close_matches(key, _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown solver {name!r}.{hint} Known solvers: {', '.join(names())}.")
+        known = ", ".join(names("all"))
+        raise ValueError(f"unknown solver {name!r}.{hint} Known solvers: {known}.")
     return _REGISTRY[key]
 
 
