@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +33,33 @@ class ProblemKindError(TypeError, ValueError):
     ``ValueError`` (a bad argument), so either ``except`` catches it."""
 
 
+class _ProblemCopies:
+    """What ``BilevelProblem`` and ``bl.OnlineProblem`` share beyond their checks: the
+    projection onto ``x_set``, the copies, and whether a level has data. Both are frozen
+    dataclasses and pytrees whose children start with ``(x0, y0)``."""
+
+    @property
+    def stochastic(self) -> bool:
+        return self.outer_data is not None or self.inner_data is not None
+
+    def project_x(self, x: PyTree) -> PyTree:
+        """Projection onto ``x_set`` (identity when unconstrained)."""
+        return x if self.x_set is None else self.x_set.project(x)
+
+    def with_start(self, x0: PyTree, y0: PyTree) -> Self:
+        """A copy starting at ``(x0, y0)`` (an online problem: committing them at round 1),
+        without re-validation (usable under jit/vmap, e.g. for random starts drawn per seed)."""
+        children, aux = self.tree_flatten()
+        return type(self).tree_unflatten(aux, (x0, y0, *children[2:]))
+
+    def replace(self, **changes) -> Self:
+        """A copy with some fields changed (re-validated)."""
+        return dataclasses.replace(self, **changes)
+
+
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class BilevelProblem:
+class BilevelProblem(_ProblemCopies):
     """A bilevel problem ``min_x f(x, y*(x))`` with ``y*(x) = argmin_y g(x, y)``.
 
     Args:
@@ -137,24 +161,6 @@ class BilevelProblem:
     def n_inner(self) -> int | None:
         """Number of inner samples (None if deterministic)."""
         return sampling.num_samples(self.inner_data)
-
-    @property
-    def stochastic(self) -> bool:
-        return self.outer_data is not None or self.inner_data is not None
-
-    def project_x(self, x: PyTree) -> PyTree:
-        """Projection onto ``x_set`` (identity when unconstrained)."""
-        return x if self.x_set is None else self.x_set.project(x)
-
-    def with_start(self, x0: PyTree, y0: PyTree) -> BilevelProblem:
-        """A copy starting at ``(x0, y0)``, without re-validation (usable under jit/vmap, e.g.
-        for random initialisations drawn per seed)."""
-        children, aux = self.tree_flatten()
-        return type(self).tree_unflatten(aux, (x0, y0, *children[2:]))
-
-    def replace(self, **changes) -> BilevelProblem:
-        """A copy with some fields changed (re-validated)."""
-        return dataclasses.replace(self, **changes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..problem import (
     BilevelProblem,
+    _ProblemCopies,
     as_float_tree,
     check_finite,
     check_metrics_output,
@@ -47,7 +48,7 @@ _ROUND = jax.ShapeDtypeStruct((), jnp.int32)
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class OnlineProblem:
+class OnlineProblem(_ProblemCopies):
     """An online bilevel problem over ``horizon`` rounds (rounds count from 1).
 
     Args:
@@ -174,10 +175,6 @@ class OnlineProblem:
         return _data.samples_per_draw(self.inner_data)
 
     @property
-    def stochastic(self) -> bool:
-        return self.outer_data is not None or self.inner_data is not None
-
-    @property
     def sampled(self) -> bool:
         """Whether a level is given by a sampler ``data(t, key)`` (no held samples)."""
         return any(_data.is_sampler(d) for d in self._levels())
@@ -230,20 +227,6 @@ class OnlineProblem:
             metrics=None if metrics is None else (lambda x, y: metrics(round_t, x, y)),
             name=f"{self.name} (round {t})",
         )
-
-    def project_x(self, x: PyTree) -> PyTree:
-        """Projection onto ``x_set`` (identity when unconstrained)."""
-        return x if self.x_set is None else self.x_set.project(x)
-
-    def with_start(self, x0: PyTree, y0: PyTree) -> OnlineProblem:
-        """A copy committing ``(x0, y0)`` at round 1, without re-validation (usable under
-        jit/vmap, e.g. for random starts drawn per seed)."""
-        children, aux = self.tree_flatten()
-        return type(self).tree_unflatten(aux, (x0, y0, *children[2:]))
-
-    def replace(self, **changes) -> OnlineProblem:
-        """A copy with some fields changed (re-validated)."""
-        return dataclasses.replace(self, **changes)
 
 
 _ROUND_PROBLEMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
