@@ -60,7 +60,26 @@ class DivergenceError(RuntimeError):
 
 
 @dataclasses.dataclass
-class Result:
+class _Outcome:
+    """What a run of ``solve`` or ``bl.solve_online`` ends with (documented by each)."""
+
+    x: PyTree
+    y: PyTree
+    history: pd.DataFrame
+    state: Any
+    diverged: list[int]
+    message: str
+    solver: Solver
+    problem_name: str
+    seeds: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return not self.diverged
+
+
+@dataclasses.dataclass
+class Result(_Outcome):
     """What ``solve`` returns.
 
     Attributes:
@@ -77,22 +96,10 @@ class Result:
         diverged: seeds that diverged (empty if none).
         message: a human-readable status.
         solver, problem_name, seeds: what was run.
+        steps: the steps done (fewer than asked when interrupted or stopped by a time limit).
     """
 
-    x: PyTree
-    y: PyTree
-    history: pd.DataFrame
-    state: Any
-    diverged: list[int]
-    message: str
-    solver: Solver
-    problem_name: str
-    seeds: list[int]
     steps: int
-
-    @property
-    def ok(self) -> bool:
-        return not self.diverged
 
 
 # ---- compiled pieces (cached) -------------------------------------------------------------------
@@ -862,10 +869,12 @@ class _Run:
     def save(self, state, force: bool) -> None:
         self.checkpointer.save(state, self.history, self.done, self.seconds, force)
 
+    def diverged_seeds(self) -> list[int]:
+        return [s for s, ok in zip(self.history.seeds, self.history.alive, strict=True) if not ok]
+
     def result(self, state, resumed: bool) -> Result:
         x, y = self.solver.output(state)
-        seeds = self.history.seeds
-        diverged = [s for s, ok in zip(seeds, self.history.alive, strict=True) if not ok]
+        diverged = self.diverged_seeds()
         return Result(
             x=x,
             y=y,
@@ -875,7 +884,7 @@ class _Run:
             message=self._message(diverged, resumed),
             solver=self.solver,
             problem_name=self.problem.name,
-            seeds=seeds,
+            seeds=self.history.seeds,
             steps=self.done,
         )
 

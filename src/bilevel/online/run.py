@@ -38,6 +38,7 @@ from ..run import (
     _History,
     _init_states,
     _keep_good,
+    _Outcome,
     _over_seeds,
     _Run,
 )
@@ -56,7 +57,7 @@ EVAL_BATCH = 16
 
 
 @dataclasses.dataclass
-class OnlineResult:
+class OnlineResult(_Outcome):
     """What ``solve_online`` returns (numpy arrays; with ``seeds=[...]`` a leading seed axis).
 
     Attributes:
@@ -89,20 +90,7 @@ class OnlineResult:
     regret_terms: np.ndarray | None
     regret_oracle: str | None
     regret_gamma: np.ndarray
-    history: pd.DataFrame
-    x: PyTree
-    y: PyTree
-    state: Any
-    diverged: list[int]
-    message: str
-    solver: Solver
-    problem_name: str
-    seeds: list[int]
     rounds: int
-
-    @property
-    def ok(self) -> bool:
-        return not self.diverged
 
 
 class RoundTrace(NamedTuple):
@@ -379,9 +367,7 @@ class _OnlineRun(_Run):
             )
             state = jax.tree.map(lambda a: a[0], state)
         history = pd.DataFrame(self.history.rows).rename(columns={"step": "round"})
-        diverged = [
-            s for s, ok in zip(self.history.seeds, self.history.alive, strict=True) if not ok
-        ]
+        diverged = self.diverged_seeds()
         return OnlineResult(
             xs=xs,
             ys=ys,
