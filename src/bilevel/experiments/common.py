@@ -36,6 +36,7 @@ __all__ = [
     "write_outputs",
     "final_mean",
     "time_to_reach",
+    "value_within",
 ]
 
 
@@ -132,6 +133,14 @@ def time_to_reach(history: pd.DataFrame, column: str, level: float) -> float:
     curve = history.groupby("step")[[column, "seconds"]].mean().sort_index()
     hit = curve[curve[column] <= level]
     return float(hit.seconds.iloc[0]) if len(hit) else math.inf
+
+
+def value_within(history: pd.DataFrame, column: str, budget: float, by: str = "seconds") -> float:
+    """Seed-mean ``column`` at the last evaluation whose seed-mean ``by`` (solver seconds,
+    samples) is within ``budget``; NaN if none is."""
+    curve = history.groupby("step")[[column, by]].mean().sort_index()
+    within = curve[curve[by] <= budget]
+    return float(within[column].iloc[-1]) if len(within) else math.nan
 
 
 def grid_search(

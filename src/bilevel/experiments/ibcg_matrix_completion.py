@@ -30,6 +30,7 @@ from .common import (
     Method,
     grid_search,
     run_methods,
+    value_within,
     write_outputs,
 )
 
@@ -132,13 +133,6 @@ def _run_scaling(problem, cfg, seeds, log) -> tuple[dict, pd.DataFrame, dict]:
     return hists, pd.concat(tables), {label: hyper for label, _, hyper in methods}
 
 
-def _at_time(hist: pd.DataFrame, column: str, seconds: float) -> float:
-    """Seed-mean ``column`` at the last evaluation within ``seconds`` of solver time."""
-    g = hist.groupby("step")[[column, "seconds"]].mean()
-    within = g[g.seconds <= seconds]
-    return float(within[column].iloc[-1]) if len(within) else float("nan")
-
-
 #: "IBCG lower" needs IBCG below every rival by this relative margin; within it, a tie
 MARGIN = 0.01
 #: a final normalized error above this for every method: nothing of X_hat was recovered
@@ -166,7 +160,7 @@ def judge(scaling: str, hists: dict[str, pd.DataFrame], budget: float, quick: bo
     out = []
     for column, what in (("inner_grad_norm", "||grad_y g||"), ("normalized_error", "error")):
         for when, t in (("at equal time", equal), ("within the budget", budget)):
-            vals = {label: _at_time(h, column, t) for label, h in hists.items()}
+            vals = {label: value_within(h, column, t) for label, h in hists.items()}
             shown = ", ".join(f"{k} {v:.4g}" for k, v in vals.items())
             out.append(
                 Claim(
@@ -177,7 +171,7 @@ def judge(scaling: str, hists: dict[str, pd.DataFrame], budget: float, quick: bo
                     _compare(vals, rivals, quick),
                 )
             )
-    finals = {label: _at_time(h, "normalized_error", budget) for label, h in hists.items()}
+    finals = {label: value_within(h, "normalized_error", budget) for label, h in hists.items()}
     if min(finals.values()) > NO_RECOVERY:
         out.append(
             Claim(

@@ -29,7 +29,15 @@ import pandas as pd
 from .. import data
 from ..problems.l2_hpo import l2_hpo_logistic
 from . import register
-from .common import Claim, Method, final_mean, grid_search, run_methods, write_outputs
+from .common import (
+    Claim,
+    Method,
+    final_mean,
+    grid_search,
+    run_methods,
+    value_within,
+    write_outputs,
+)
 from .datasets import why_no_system_data
 
 GRID_VALUES = [1.0, 0.5, 0.1, 0.05, 0.01]
@@ -237,13 +245,6 @@ def _write(out_dir, cfg, quick, seeds, got: _Collected, done, panels, seconds):
     )
 
 
-def _error_at(hist: pd.DataFrame, column: str, budget: float) -> float:
-    """Mean objective error at the last evaluation within a budget of ``column``."""
-    g = hist.groupby("step")[[column, "objective_error"]].mean()
-    within = g[g[column] <= budget]
-    return float(within.objective_error.iloc[-1]) if len(within) else float("nan")
-
-
 def judge(panel: str, hists: dict[str, pd.DataFrame], quick: bool) -> list[Claim]:
     def verdict(ok: bool) -> str:
         return "n/a (quick run)" if quick else ("reproduced" if ok else "not reproduced")
@@ -251,7 +252,10 @@ def judge(panel: str, hists: dict[str, pd.DataFrame], quick: bool) -> list[Claim
     out = []
     for column, what in (("samples", "samples"), ("seconds", "wall-clock time")):
         budget = min(float(h[column].max()) for h in hists.values())
-        errs = {label: _error_at(h, column, budget) for label, h in hists.items()}
+        errs = {
+            label: value_within(h, "objective_error", budget, by=column)
+            for label, h in hists.items()
+        }
         ok = errs["STABLE"] <= min(errs["TTSA"], errs["BSA"])
         shown = ", ".join(f"{k} {v:.3g}" for k, v in errs.items())
         out.append(
