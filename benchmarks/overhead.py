@@ -22,120 +22,29 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 import bilevel as bl
-from bilevel import oracles, sampling
-from bilevel._tree import tree_axpy
-from bilevel.run import _compiled, _init_states
+from bilevel import sampling
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import (  # noqa: E402
+    best_time,
+    floor_program,
+    paired_times,
+    per_step_calls,
+    solver_chunk,
+)
 
 #: step sizes that keep every solver finite on the benchmark problem (speed, not accuracy)
 SETTINGS = {
     "default": {"lr_outer": 0.01, "lr_inner": 0.05},
 }
-
-
-def best_time(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # warm up (compiled already; first-touch of buffers)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def paired_times(a, b, repeats: int) -> tuple[float, float, float]:
-    """Time the thunks ``a`` and ``b`` alternately; (best a, best b, median of the a/b ratios).
-
-    This machine is shared and its speed drifts by up to 2x over seconds, so two programs
-    timed one after the other can disagree for reasons that have nothing to do with them.
-    Alternating them and taking the median of the per-pair ratios cancels the drift.
-    """
-    jax.block_until_ready(a())
-    jax.block_until_ready(b())
-    ta, tb = [], []
-    for _ in range(repeats):
-        for thunk, out in ((a, ta), (b, tb)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(thunk())
-            out.append(time.perf_counter() - t0)
-    return min(ta), min(tb), statistics.median(x / y for x, y in zip(ta, tb, strict=True))
-
-
-def solver_chunk(problem, solver, steps, seeds):
-    """The compiled chunk ``bl.solve`` runs, and a zero-argument thunk running it once."""
-    batched = seeds > 1
-    state = _init_states(solver, problem, list(range(seeds)), batched)
-    chunk = _compiled("chunk", solver, problem, state, steps, batched)
-    return (lambda: chunk(problem, state)), state
-
-
-def per_step_calls(problem, solver, state):
-    """Oracle calls and minibatch draws of one step, read off the solver's counters."""
-    one = jax.tree.map(lambda a: a, state)
-    after = jax.jit(solver.step)(problem, one)
-    c0, c1 = state.counts, after.counts
-    calls = {k: int(getattr(c1, k)) - int(getattr(c0, k)) for k in c0.oracle_kinds}
-    bs = solver.batch_size
-    draws_in = (int(c1.samples_inner) - int(c0.samples_inner)) // bs
-    draws_out = (int(c1.samples_outer) - int(c0.samples_outer)) // bs
-    return calls, draws_out, draws_in
-
-
-def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
-    """A bare scan making ``calls`` oracle calls per step on fresh minibatches."""
-    f, g = problem.outer, problem.inner
-    n_out = max(draws_out, calls["grad_f"] + calls["value_f"], 1)
-    n_in = max(draws_in, 1)
-
-    def step(carry, _):
-        x, y, key = carry
-        key, sub = jax.random.split(key)
-        mb = sampling.minibatches(
-            sub, problem.outer_data, problem.inner_data, batch_size, outer=n_out, inner=n_in
-        )
-
-        def loop(n, fn, carry_xy, offset):
-            def body(c, i):  # feed results back so no call is hoisted out of the loop
-                xx, yy = c
-                gx, gy = fn(xx, yy, i + offset)
-                return (tree_axpy(1e-12, gx, xx), tree_axpy(1e-12, gy, yy)), None
-
-            return jax.lax.scan(body, carry_xy, jnp.arange(n))[0] if n else carry_xy
-
-        # the cheapest oracle of each kind: one partial gradient, one HVP, one cross product
-        def grad_f(a, b, i):
-            return a, oracles.grad_y(f, a, b, mb.outer(i % n_out))
-
-        def grad_g(a, b, i):
-            return a, oracles.grad_y(g, a, b, mb.inner(i % n_in))
-
-        def hvp(a, b, i):
-            return a, oracles.hvp_yy(g, a, b, mb.inner(i % n_in), b)
-
-        def cross(a, b, i):
-            return oracles.cross_xy(g, a, b, mb.inner(i % n_in), b), b
-
-        xy = (x, y)
-        xy = loop(calls["grad_f"], grad_f, xy, 0)
-        xy = loop(calls["grad_g"], grad_g, xy, 0)
-        xy = loop(calls["hvp"], hvp, xy, calls["grad_g"])
-        xy = loop(calls["cross"], cross, xy, calls["grad_g"] + calls["hvp"])
-
-        def dense(a, b, i):  # a dense Hessian (STABLE's matrices), reduced to a y-vector
-            return a, jnp.sum(oracles.hessian_yy(g, a, b, mb.inner(i % n_in)), axis=1)
-
-        xy = loop(calls["dense"], dense, xy, 0)
-        return (*xy, key), None
-
-    def run(x, y, key):
-        return jax.lax.scan(step, (x, y, key), None, length=steps)[0]
-
-    return jax.jit(run)
 
 
 def sampler_ratios(problem, repeats):

@@ -78,6 +78,11 @@ class BilevelProblem(_ProblemCopies):
         name: a label used in results and plots.
         reference: optional closed-form information (e.g. ``y_star``, ``grad_F``, ``x_star`` of
             the quadratic family), compared by identity; solvers never read it.
+        sampling: how solvers draw minibatches of the data (``bilevel.sampling``): ``"iid"``
+            (default; rows uniform with replacement, what the papers analyse) or ``"window"``
+            (a cyclic window of consecutive rows at a uniform random start: unbiased, much
+            faster for wide rows on CPU, but it needs the rows in random order and draws
+            neighbours together; docs/performance.md measures both).
 
     Raises:
         TypeError / ValueError: at construction, naming the offending argument, when ``f`` or
@@ -96,18 +101,19 @@ class BilevelProblem(_ProblemCopies):
     metrics: Callable[..., dict] | None = None
     name: str = "problem"
     reference: Any = None
+    sampling: str = "iid"
 
     # ---- pytree: arrays are children (traced under jit), functions are static aux data ----
     def tree_flatten(self):
         children = (self.x0, self.y0, self.outer_data, self.inner_data, self.x_set)
-        aux = (self.outer, self.inner, self.metrics, self.name, self.reference)
+        aux = (self.outer, self.inner, self.metrics, self.name, self.reference, self.sampling)
         return children, aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
         x0, y0, outer_data, inner_data, x_set = children
-        outer, inner, metrics, name, reference = aux
+        outer, inner, metrics, name, reference, scheme = aux
         for k, v in dict(
             outer=outer,
             inner=inner,
@@ -119,11 +125,17 @@ class BilevelProblem(_ProblemCopies):
             metrics=metrics,
             name=name,
             reference=reference,
+            sampling=scheme,
         ).items():
             object.__setattr__(obj, k, v)
         return obj
 
     def __post_init__(self):
+        if self.sampling not in sampling.SCHEMES:
+            raise ValueError(
+                f"BilevelProblem(sampling={self.sampling!r}) is unknown; use one of "
+                f"{sampling.SCHEMES}."
+            )
         for arg in ("outer", "inner"):
             if not callable(getattr(self, arg)):
                 raise TypeError(

@@ -13,8 +13,22 @@ for the same draw, vmap-friendly, and uniform up to a modulo bias of at most n /
 relative probability (2e-4 for a million samples). ``tests/test_sampling.py`` checks
 uniformity (chi-square) and the independence of draws, seeds and steps. Gathering each draw
 separately keeps memory at one batch, where a per-step gather of all draws would not.
-Contiguous slices of a per-epoch permutation were not taken: they need an O(n) permutation per
-seed in the state and a reshuffle each epoch, which moves as many bytes as the gathers saved.
+
+Two schemes (``BilevelProblem(sampling=...)``):
+
+* ``"iid"`` (default): the above; what every paper's analysis assumes.
+* ``"window"``: draw i is the cyclic window of ``batch_size`` consecutive rows starting at a
+  uniform random row, ``{s, s+1, ..., s+b-1} mod n``. Each row lies in exactly b of the n
+  windows, so every draw is an unbiased estimate of the mean (each sample included with
+  probability b/n), but samples within a window are not independent of each other: the rows
+  must be in random order (shuffle them once, as ``hyper_cleaning_dataset`` and benchopt's
+  loaders do), and neighbours are always drawn together. Why offer it: XLA:CPU's gather copies
+  entry by entry, so for wide rows the i.i.d. gather dominates a step (measured 2026-11-24 with
+  ``benchmarks/vs_benchopt.py``: F2SA on data cleaning with 784-pixel rows, 5.2 -> 2.2 ms per
+  step), while a window is one ``dynamic_slice`` (a memcpy) and a select for the rows that wrap
+  around. It also changes the results (see docs/performance.md): use it for speed on large,
+  shuffled data. Unlike benchopt's per-epoch permutation of fixed blocks, it needs no sampler
+  state and every draw is uniform on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +40,17 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["num_samples", "batch_count", "Minibatches", "minibatches", "uniform_indices"]
+__all__ = [
+    "SCHEMES",
+    "num_samples",
+    "batch_count",
+    "Minibatches",
+    "minibatches",
+    "uniform_indices",
+]
+
+#: the minibatch schemes (module docstring): i.i.d. rows, or a cyclic window at a random row
+SCHEMES = ("iid", "window")
 
 
 def num_samples(data: PyTree) -> int | None:
@@ -44,15 +68,29 @@ def batch_count(data: PyTree, batch_size: int | None) -> int:
     return num_samples(data) if batch_size is None else int(batch_size)
 
 
-def _gather(data: PyTree, idx: jax.Array | None, i) -> PyTree:
+def _gather(data: PyTree, idx: jax.Array | None, i, window: int) -> PyTree:
     if data is None or idx is None:  # deterministic level, or full-batch oracle
         return data
     rows = idx[i]
-    batch = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), data)
+    if window:  # scheme "window": rows is the window's first row
+        batch = jax.tree.map(lambda a: _window(a, rows, window), data)
+    else:
+        batch = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), data)
     # Materialise the batch once: without the barrier XLA fused the (elementwise, ~1.4 ns per
     # entry on CPU) gather into each consumer and paid for it several times per oracle call
     # (measured: F2SA 360 -> 280 us per step on the stochastic quadratic, batch 64).
     return jax.lax.optimization_barrier(batch)
+
+
+def _window(a: jax.Array, start: jax.Array, size: int) -> jax.Array:
+    """Rows ``start, ..., start + size - 1`` of ``a``, cyclically (in another order when the
+    window wraps around: the rows past the end come first, which a mean does not see)."""
+    n = a.shape[0]
+    block = jax.lax.dynamic_slice_in_dim(a, jnp.minimum(start, n - size), size)
+    # when start > n - size, block holds rows n-size..n-1: its first start + size - n rows
+    # (those before start) are replaced by rows 0, 1, ... (the wrapped part of the window)
+    wrapped = jnp.arange(size) < start + size - n
+    return jnp.where(wrapped.reshape((size,) + (1,) * (a.ndim - 1)), a[:size], block)
 
 
 class Minibatches(NamedTuple):
@@ -65,16 +103,18 @@ class Minibatches(NamedTuple):
 
     outer_data: PyTree
     inner_data: PyTree
-    outer_idx: jax.Array | None  # (num_outer, batch_size) int32, or None
-    inner_idx: jax.Array | None  # (num_inner, batch_size) int32, or None
+    # (num_outer, batch_size) int32 rows ("iid"), (num_outer,) first rows ("window"), or None
+    outer_idx: jax.Array | None
+    inner_idx: jax.Array | None
     samples_outer: int  # samples drawn for the outer level in this step (static)
     samples_inner: int
+    window: int = 0  # scheme "window": the batch size (static); 0 for "iid"
 
     def outer(self, i) -> PyTree:
-        return _gather(self.outer_data, self.outer_idx, i)
+        return _gather(self.outer_data, self.outer_idx, i, self.window)
 
     def inner(self, i) -> PyTree:
-        return _gather(self.inner_data, self.inner_idx, i)
+        return _gather(self.inner_data, self.inner_idx, i, self.window)
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -102,10 +142,18 @@ def uniform_indices(key: jax.Array, shape: tuple[int, ...], n: int) -> jax.Array
     return (h % jnp.uint32(n)).astype(jnp.int32).reshape(shape)
 
 
-def _indices(key, data, batch_size, num):
+def _indices(key, data, batch_size, num, scheme):
     if data is None or batch_size is None or num == 0:
         return None
-    return uniform_indices(key, (num, batch_size), num_samples(data))
+    n = num_samples(data)
+    if scheme == "iid":
+        return uniform_indices(key, (num, batch_size), n)
+    if batch_size > n:
+        raise ValueError(
+            f"sampling='window' needs batch_size <= the number of samples; got batch_size "
+            f"{batch_size} for {n} samples. Use a smaller batch, or sampling='iid'."
+        )
+    return uniform_indices(key, (num,), n)  # draw i: the window that starts at row idx[i]
 
 
 def minibatches(
@@ -116,17 +164,22 @@ def minibatches(
     *,
     outer: int,
     inner: int,
+    scheme: str = "iid",
 ) -> Minibatches:
     """Draw the indices of ``outer`` outer and ``inner`` inner minibatches of ``batch_size``.
 
     ``batch_size=None`` means full-batch (deterministic) oracles: no indices, no gather.
+    ``scheme``: ``"iid"`` (rows uniform with replacement) or ``"window"`` (module docstring).
     """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}.")
     k_out, k_in = jax.random.split(key)
     return Minibatches(
         outer_data=outer_data,
         inner_data=inner_data,
-        outer_idx=_indices(k_out, outer_data, batch_size, outer),
-        inner_idx=_indices(k_in, inner_data, batch_size, inner),
+        outer_idx=_indices(k_out, outer_data, batch_size, outer, scheme),
+        inner_idx=_indices(k_in, inner_data, batch_size, inner, scheme),
         samples_outer=outer * batch_count(outer_data, batch_size),
         samples_inner=inner * batch_count(inner_data, batch_size),
+        window=int(batch_size) if scheme == "window" and batch_size is not None else 0,
     )

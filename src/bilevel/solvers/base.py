@@ -395,6 +395,7 @@ class Solver(abc.ABC):
             getattr(self, "batch_size", None),
             outer=outer,
             inner=inner,
+            scheme=problem.sampling,
         )
 
 
