@@ -28,8 +28,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import bilevel as bl
+import bilevel.data  # noqa: F401  (bl.data)
+import bilevel.sampling  # noqa: F401  (bl.sampling)
 from bilevel import sampling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,6 +74,21 @@ def sampler_ratios(problem, repeats):
     return t_hash, t_randint, t_slice
 
 
+def make_problem(which: str):
+    """The stochastic quadratic, or data hyper-cleaning (F2SA's, on 20,000 Fashion-MNIST
+    training images; random images of the same shape when Fashion-MNIST is not installed)."""
+    if which == "quadratic":
+        return bl.problems.quadratic(stochastic=True)
+    try:
+        return bl.problems.hyper_cleaning_dataset(n_train=20000, n_val=5000, n_test=1000)
+    except bl.data.DatasetNotFoundError as err:
+        print(f"Fashion-MNIST not found ({err}); STAND-IN: random 784-pixel images.")
+    rng = np.random.default_rng(0)
+    X, Xv = rng.random((20000, 784), np.float32), rng.random((5000, 784), np.float32)
+    y, yv = rng.integers(0, 10, 20000), rng.integers(0, 10, 5000)
+    return bl.problems.hyper_cleaning(X, y, Xv, yv, num_classes=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -78,11 +96,17 @@ def main() -> None:
     parser.add_argument("--e2e-repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--solvers", nargs="*", default=None)
+    parser.add_argument("--problem", choices=("quadratic", "cleaning"), default="quadratic")
+    parser.add_argument("--sampling", choices=bl.sampling.SCHEMES, default="iid")
+    parser.add_argument(
+        "--floor-only", action="store_true", help="only solver/floor (no seeds, no end to end)"
+    )
     args = parser.parse_args()
-    problem = bl.problems.quadratic(stochastic=True)
+    problem = make_problem(args.problem).replace(sampling=args.sampling)
     names = args.solvers or bl.solvers.names()
     print(
-        f"problem: {problem.name}, batch {args.batch}, {args.steps} steps per timing; "
+        f"problem: {problem.name}, sampling {problem.sampling!r}, batch {args.batch}, "
+        f"{args.steps} steps per timing; "
         f"us/step: best of {args.repeats}; ratios: median of {args.repeats} alternated pairs; "
         f"devices: {jax.devices()}"
     )
@@ -100,13 +124,20 @@ def main() -> None:
         floor = floor_program(problem, calls, d_out, d_in, args.batch, args.steps)
         run_floor = functools.partial(floor, problem.x0, problem.y0, jax.random.PRNGKey(0))
         t1, t_floor, r_floor = paired_times(run1, run_floor, args.repeats)
+        steps = args.steps
+        if args.floor_only:
+            print(
+                f"{name:10s} {t1 / steps * 1e6:9.1f} {t_floor / steps * 1e6:9.1f} {r_floor:13.2f}"
+            )
+            continue
         run10, _ = solver_chunk(problem, solver, args.steps, 10)
         t10, _, r_seeds = paired_times(run10, run1, args.repeats)
-        steps = args.steps
         print(
             f"{name:10s} {t1 / steps * 1e6:9.1f} {t_floor / steps * 1e6:9.1f} {r_floor:13.2f} "
             f"{t10 / steps * 1e6:10.1f} {r_seeds:16.2f}"
         )
+    if args.floor_only:
+        return
     print(
         "\nend to end, bl.solve(steps=2000, eval_every=100) from a cold cache (compile "
         "included), 10 seeds vs 1 seed vs 10 separate 1-seed solves:"

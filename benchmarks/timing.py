@@ -72,29 +72,37 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
         x, y, key = carry
         key, sub = jax.random.split(key)
         mb = sampling.minibatches(
-            sub, problem.outer_data, problem.inner_data, batch_size, outer=n_out, inner=n_in
+            sub,
+            problem.outer_data,
+            problem.inner_data,
+            batch_size,
+            outer=n_out,
+            inner=n_in,
+            scheme=problem.sampling,  # the solver's batches: same scheme, same kind of copy
         )
 
         def loop(n, fn, carry_xy, offset):
-            def body(c, i):  # feed results back so no call is hoisted out of the loop
-                xx, yy = c
+            def body(c, i):  # feed the result back so no call is hoisted out of the loop;
+                xx, yy = c  # only into the variable it lives in (no dense work on the other)
                 gx, gy = fn(xx, yy, i + offset)
-                return (tree_axpy(1e-12, gx, xx), tree_axpy(1e-12, gy, yy)), None
+                xx = xx if gx is None else tree_axpy(1e-12, gx, xx)
+                yy = yy if gy is None else tree_axpy(1e-12, gy, yy)
+                return (xx, yy), None
 
             return jax.lax.scan(body, carry_xy, jnp.arange(n))[0] if n else carry_xy
 
         # the cheapest oracle of each kind: one partial gradient, one HVP, one cross product
         def grad_f(a, b, i):
-            return a, oracles.grad_y(f, a, b, mb.outer(i % n_out))
+            return None, oracles.grad_y(f, a, b, mb.outer(i % n_out))
 
         def grad_g(a, b, i):
-            return a, oracles.grad_y(g, a, b, mb.inner(i % n_in))
+            return None, oracles.grad_y(g, a, b, mb.inner(i % n_in))
 
         def hvp(a, b, i):
-            return a, oracles.hvp_yy(g, a, b, mb.inner(i % n_in), b)
+            return None, oracles.hvp_yy(g, a, b, mb.inner(i % n_in), b)
 
         def cross(a, b, i):
-            return oracles.cross_xy(g, a, b, mb.inner(i % n_in), b), b
+            return oracles.cross_xy(g, a, b, mb.inner(i % n_in), b), None
 
         xy = (x, y)
         xy = loop(calls["grad_f"], grad_f, xy, 0)
@@ -103,7 +111,7 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
         xy = loop(calls["cross"], cross, xy, calls["grad_g"] + calls["hvp"])
 
         def dense(a, b, i):  # a dense Hessian (STABLE's matrices), reduced to a y-vector
-            return a, jnp.sum(oracles.hessian_yy(g, a, b, mb.inner(i % n_in)), axis=1)
+            return None, jnp.sum(oracles.hessian_yy(g, a, b, mb.inner(i % n_in)), axis=1)
 
         xy = loop(calls["dense"], dense, xy, 0)
         return (*xy, key), None
