@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from . import parallel
 from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
@@ -196,6 +197,7 @@ def _compiled(
     init=None,
     over_grid: bool = False,
     build: Callable | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ):
     """The compiled ``kind`` program as a function of ``(problem, state)``.
 
@@ -206,7 +208,9 @@ def _compiled(
     grid points, and the program is the same one vmapped over it. ``build`` (``bl.solve_online``'s
     programs): ``build(length, batched)`` makes the raw ``fn(solver, problem, state)`` of a
     ``kind`` other than "chunk", "eval" and "init"; ``kind`` (any hashable) must then name
-    everything static the program depends on, since it is the cache key.
+    everything static the program depends on, since it is the cache key. ``mesh``
+    (``solve(devices=...)``): the program is traced with every minibatch split over it
+    (:mod:`bilevel.parallel`) and returns its outputs replicated on it.
     """
     key = (
         kind,
@@ -217,6 +221,7 @@ def _compiled(
         _aval_key(problem),
         _aval_key(state),
         init,
+        mesh,
     )
     fn = _COMPILED.get(key)
     if fn is not None:
@@ -232,7 +237,9 @@ def _compiled(
             raw = _make_init(batched, init)
         if over_grid:
             raw = _over_grid(raw, kind, solver, problem, state)
-        fn = jax.jit(raw).lower(solver, problem, state).compile()
+        out = {} if mesh is None else {"out_shardings": parallel.replicated(mesh)}
+        with parallel.use_mesh(mesh):
+            fn = jax.jit(raw, **out).lower(solver, problem, state).compile()
         _COMPILED[key] = fn
         while len(_COMPILED) > MAX_COMPILED:
             _COMPILED.popitem(last=False)
@@ -290,14 +297,16 @@ def _init_states(
     batched: bool,
     init=None,
     n_points: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ):
     """The states at step 0; with ``n_points`` (``bl.sweep``: a solver stacked over grid
     points) every point starts from the same seeds' keys, so point i runs what ``solve``
-    with that point's solver would run."""
+    with that point's solver would run. With ``mesh`` they are replicated on it."""
     keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
-    keys = jnp.asarray(keys if batched else keys[0])  # over a grid: shared (grid_axes)
+    keys = keys if batched else keys[0]  # over a grid: shared (grid_axes)
+    keys = jnp.asarray(keys) if mesh is None else parallel.replicate(keys, mesh)
     over_grid = n_points is not None
-    program = _compiled("init", solver, problem, keys, 0, batched, init, over_grid)
+    program = _compiled("init", solver, problem, keys, 0, batched, init, over_grid, mesh=mesh)
     return program(problem, keys)
 
 
@@ -566,7 +575,7 @@ class _Checkpointer:
         return state, done, float(meta["seconds"])
 
     def save(self, state, history: _History, step: int, seconds: float, force: bool) -> None:
-        if self.directory is None:
+        if self.directory is None or not parallel.is_main_process():  # one writer per run
             return
         if not force and time.monotonic() - self.last_save < self.interval:
             return
@@ -700,6 +709,8 @@ def solve(
     on_divergence: str = "warn",
     init: Callable[[jax.Array], tuple[PyTree, PyTree]] | None = None,
     time_limit: float | None = None,
+    devices: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> Result:
     """Run ``solver`` on ``problem`` for ``steps`` outer iterations.
 
@@ -731,6 +742,15 @@ def solve(
             reaches it: the papers' "K iterations or T seconds, whichever comes first". The
             result then holds fewer than ``steps`` steps (``result.steps``; its message says
             so); ``eval_every`` sets how far past the limit the last chunk may run.
+        devices: data parallelism over the first ``devices`` of ``jax.devices()`` (a 1-D mesh;
+            under ``jax.distributed`` the devices of every process): each minibatch is split
+            over them and the gradient estimates are all-reduced by XLA, so the results match a
+            one-device run up to floating-point summation order. ``batch_size`` must be a
+            multiple of the device count; full batches (``batch_size=None``) stay replicated.
+            Under ``jax.distributed`` only process 0 prints progress and writes checkpoints.
+            See ``docs/distributed.md`` and :mod:`bilevel.parallel`.
+        mesh: a ``jax.sharding.Mesh`` of your own instead of ``devices``; minibatches are split
+            over all its axes jointly.
 
     Returns:
         A :class:`Result`.
@@ -748,24 +768,29 @@ def solve(
         )
     batched = seeds is not None
     seed_list = _check_seeds(seed, seeds)
+    mesh = parallel.make_mesh(devices, mesh)
     ckpt_dir = _check_checkpoint_dir(checkpoint)
     solver.check_problem(problem)
     solver = solver.with_horizon(steps).resolve(problem)
+    parallel.check_batch_size(getattr(solver, "batch_size", None), mesh)
     _check_convexity(problem)
 
-    state = _init_states(solver, problem, seed_list, batched, init)
+    placed = parallel.replicate(problem, mesh)  # the data on every device of the mesh
+    state = _init_states(solver, placed, seed_list, batched, init, mesh=mesh)
     history = _History(seed_list)
     # only a checkpoint needs the fingerprint (it hashes the data: not free on large problems)
     signature = (
         "" if ckpt_dir is None else _signature(problem, solver, seed_list, batched, every, init)
     )
     checkpointer = _Checkpointer(ckpt_dir, signature, checkpoint_interval)
-    display = _progress.Progress(progress, steps, solver.name, problem.name, len(seed_list))
-    run = _Run(problem, solver, batched, every, steps, history, checkpointer, display)
+    show = progress and parallel.is_main_process()  # one progress display per run
+    display = _progress.Progress(show, steps, solver.name, problem.name, len(seed_list))
+    run = _Run(placed, solver, batched, every, steps, history, checkpointer, display, mesh=mesh)
     run.time_limit = time_limit
     resumed = checkpointer.load(state, history, steps)
     if resumed is not None:
         state, run.done, run.seconds = resumed
+        state = parallel.replicate(state, mesh)
         display.note(f"resuming from step {run.done:,} (checkpoint in {ckpt_dir})")
     else:
         run.record_start(state)
@@ -808,13 +833,21 @@ class _Run:
     over_grid: bool = False  # bl.sweep: a leading axis of grid points (history: _GridHistory)
     unit: str = "step"  # what ``steps`` counts, in messages ("round" in bl.solve_online)
     time_limit: float | None = None  # seconds of solver time after which the loop stops
+    mesh: jax.sharding.Mesh | None = None  # solve(devices=...): minibatches split over it
 
     def _out_of_time(self) -> bool:
         return self.time_limit is not None and self.seconds >= self.time_limit
 
     def _program(self, kind: str, state, length: int = 0):
         return _compiled(
-            kind, self.solver, self.problem, state, length, self.batched, over_grid=self.over_grid
+            kind,
+            self.solver,
+            self.problem,
+            state,
+            length,
+            self.batched,
+            over_grid=self.over_grid,
+            mesh=self.mesh,
         )
 
     def evaluate(self, state, step: int):
@@ -865,7 +898,7 @@ class _Run:
             for i in np.flatnonzero(alive & ~finite):  # flat over (point, seed) in a sweep
                 self.diverged_at[self.history.seeds[i]] = self.done
             alive &= finite
-            state = _keep_good(new_state, state, alive, self.batched)
+            state = parallel.replicate(_keep_good(new_state, state, alive, self.batched), self.mesh)
             self.display.update(self.done, self.history.rows)
             last = self.done >= self.steps or self._out_of_time()
             self.save(state, force=last or not alive.all())

@@ -1,0 +1,87 @@
+"""Data parallelism: time per step of ``bl.solve(devices=k)`` against one device.
+
+For each problem and solver, the compiled chunk ``bl.solve`` runs (``eval_every`` steps of a
+``lax.scan``) without a mesh, and the same chunk with every minibatch split over ``k`` devices
+(``bilevel.parallel``); the two are timed alternately and the median per-pair ratio printed
+(``overhead.paired_times``). On a CPU the devices are forced host devices
+(``--xla_force_host_platform_device_count``, set below before jax is imported): they share the
+machine's cores, so this measures the cost of the partitioned program and its all-reduces, not
+a speed-up; on a machine with several accelerators the same command measures the real thing.
+
+Problems: the stochastic quadratic of ``overhead.py`` (dx 10, dy 50, 2000 samples) and data
+hyper-cleaning at Fashion-MNIST's size on random data (20,000 x 784 training rows, 10 classes,
+multinomial logistic: dim y 7840, dim x 20,000), at batch 64 and 1024.
+
+Nothing passes or fails on time. Run: ``python benchmarks/sharding.py [--devices 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# as many host devices as asked for, before jax is imported (a CPU has one otherwise)
+_K = int(sys.argv[sys.argv.index("--devices") + 1]) if "--devices" in sys.argv else 4
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_K}"
+).strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from overhead import paired_times  # noqa: E402
+
+import bilevel as bl  # noqa: E402
+from bilevel import parallel  # noqa: E402
+from bilevel.run import _compiled, _init_states  # noqa: E402
+
+
+def chunk(problem, solver, steps: int, mesh):
+    """A thunk running ``bl.solve``'s compiled chunk once (one seed) on ``mesh`` (or none)."""
+    placed = parallel.replicate(problem, mesh)
+    state = _init_states(solver, placed, [0], False, mesh=mesh)
+    program = _compiled("chunk", solver, placed, state, steps, False, mesh=mesh)
+    return lambda: program(placed, state)
+
+
+def cleaning(n: int = 20_000, m: int = 5_000, d: int = 784, classes: int = 10):
+    rng = np.random.default_rng(0)
+    X, X_val = rng.standard_normal((n, d), np.float32), rng.standard_normal((m, d), np.float32)
+    y, y_val = rng.integers(0, classes, n), rng.integers(0, classes, m)
+    return bl.problems.hyper_cleaning(X, y, X_val, y_val, num_classes=classes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=_K)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--solvers", nargs="+", default=["f2sa", "stocbio"])
+    args = parser.parse_args()
+    mesh = parallel.make_mesh(args.devices, None)
+    problems = {
+        "quadratic": bl.problems.quadratic(dx=10, dy=50, stochastic=True, n_samples=2000),
+        "cleaning": cleaning(),
+    }
+    print(f"{jax.devices()[0].platform}: {args.devices} devices, {os.cpu_count()} cores")
+    print(
+        f"{'problem':10} {'solver':8} {'batch':>5} {'1 dev us/step':>14} "
+        f"{f'{args.devices} dev us/step':>14} {'k/1':>6}"
+    )
+    for pname, problem in problems.items():
+        for batch in (64, 1024):
+            for name in args.solvers:
+                solver = bl.solvers.make(name, batch_size=batch, lr_outer=0.01, lr_inner=0.01)
+                solver = solver.with_horizon(args.steps).resolve(problem)
+                one = chunk(problem, solver, args.steps, None)
+                many = chunk(problem, solver, args.steps, mesh)
+                t1, tk, ratio = paired_times(one, many, args.repeats)
+                us = 1e6 / args.steps
+                print(
+                    f"{pname:10} {name:8} {batch:5d} {t1 * us:14.0f} {tk * us:14.0f} "
+                    f"{1 / ratio:6.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
