@@ -67,7 +67,7 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     gather (and its scatter in the backward pass) entry by entry, and that made a minibatch
     gradient of the data-cleaning problem slower than benchopt's one-hot form.
     """
-    onehot = labels[:, None] == jnp.arange(logits.shape[-1])
+    onehot = labels[:, None] == jnp.arange(logits.shape[-1])[None, :]
     picked = jnp.sum(jnp.where(onehot, logits, 0.0), axis=-1)
     return jax.nn.logsumexp(logits, axis=-1) - picked
 
