@@ -33,7 +33,6 @@ __all__ = [
     "grad_x",
     "grad_y",
     "grads",
-    "grad_y_pair",
     "value_and_grads",
     "hvp_yy",
     "cross_xy",
@@ -88,17 +87,6 @@ def grad_x(fn, x, y, batch):
 def grad_y(fn, x, y, batch):
     """Partial gradient in y of ``fn(x, y, batch)``."""
     return jax.grad(fn, argnums=1)(x, y, batch)
-
-
-def grad_y_pair(fn, x, first, second):
-    """``(grad_y fn(x, y1; b1), grad_y fn(x, y2; b2))`` for ``first = (y1, b1)``, ``second =
-    (y2, b2)``: two partial gradients of one function at the same x, as one vmapped pass (two
-    calls, counted as two). Where the per-call work is small, one batched pass of twice the
-    size costs less than two passes (F2SA's z- and y-steps, on their own samples).
-    """
-    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), first, second)
-    out = jax.vmap(lambda y, batch: grad_y(fn, x, y, batch))(*stacked)
-    return jax.tree.map(lambda a: a[0], out), jax.tree.map(lambda a: a[1], out)
 
 
 def grads(fn, x, y, batch):

@@ -76,9 +76,10 @@ def penalty_inner_loop(f, g, x, y, z, *, lr_z, lr_y, lam, num_steps: int, draws)
     def body(k, carry):
         y_, z_ = carry
         batch_gz, batch_f, batch_gy = draws(k)
-        g_z, g_y = oracles.grad_y_pair(g, x, (z_, batch_gz), (y_, batch_gy))
-        z_new = tree_axpy(-lr_z, g_z, z_)
-        direction = tree_axpy(lam, g_y, oracles.grad_y(f, x, y_, batch_f))
+        z_new = tree_axpy(-lr_z, oracles.grad_y(g, x, z_, batch_gz), z_)
+        direction = tree_axpy(
+            lam, oracles.grad_y(g, x, y_, batch_gy), oracles.grad_y(f, x, y_, batch_f)
+        )
         return tree_axpy(-lr_y, direction, y_), z_new
 
     return jax.lax.fori_loop(0, num_steps, body, (y, z))
