@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._tree import tree_add, tree_norm, tree_scale
 from ..problem import BilevelProblem
 from . import models as M
 
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 _FN = "hyper_cleaning"
+#: rows per block when the metrics of a network (mlp, cnn) run over a whole data split
+EVAL_ROWS = 1000
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -206,18 +209,29 @@ def hyper_cleaning(
             if sel.any():
                 groups[name] = jnp.asarray(np.flatnonzero(sel).astype(np.int32))
 
+    # a network's activations on a whole split take gigabytes (LeNet-5 on 59,000 images: 19 GB
+    # peak for the default full-data inner_grad_norm): its metrics run over blocks of rows
+    rows = None if model == "logistic" else EVAL_ROWS
+    inner_j = jax.tree.map(jnp.asarray, inner_data) if rows else None
+
+    def loss_and_accuracy(y, X, labels):
+        def stats(b):
+            logits = apply(y, b["X"])
+            ce = jnp.mean(M.softmax_cross_entropy(logits, b["y"]))
+            return ce, M.accuracy(logits, b["y"])
+
+        return _mean_over_blocks(stats, {"X": X, "y": labels}, rows)
+
     def metrics(x, y):
-        logits = apply(y, Xv_j)
-        out = {
-            "val_loss": jnp.mean(M.softmax_cross_entropy(logits, yv_j)),
-            "val_acc": M.accuracy(logits, yv_j),
-        }
+        out = dict(zip(("val_loss", "val_acc"), loss_and_accuracy(y, Xv_j, yv_j), strict=True))
         if test_j is not None:
-            logits_t = apply(y, test_j[0])
-            out["test_loss"] = jnp.mean(M.softmax_cross_entropy(logits_t, test_j[1]))
-            out["test_acc"] = M.accuracy(logits_t, test_j[1])
+            test_stats = loss_and_accuracy(y, *test_j)
+            out.update(zip(("test_loss", "test_acc"), test_stats, strict=True))
         for name, idx in groups.items():
             out[name] = jnp.mean(jax.nn.sigmoid(x[idx]))
+        if inner_j is not None:  # replaces bl.metrics' one-pass full-data gradient
+            grad = _mean_over_blocks(lambda b: jax.grad(inner, argnums=1)(x, y, b), inner_j, rows)
+            out["inner_grad_norm"] = tree_norm(grad)
         return out
 
     ref = HyperCleaningReference(apply=apply, c=c, num_classes=C, model=model, corrupted=mask)
@@ -234,6 +248,26 @@ def hyper_cleaning(
         name=f"hyper_cleaning(n={n}, d={d}, C={C}, c={c}, {label})",
         reference=ref,
     )
+
+
+def _mean_over_blocks(fn, data, rows: int | None):
+    """``fn(data)`` for ``fn`` a mean over the rows of its batch plus terms free of the data
+    (every loss and accuracy here), computed as the mean of ``fn`` over blocks of ``rows`` rows
+    in a ``lax.scan`` (the last block, if shorter, weighted by its size), so activations exist
+    for one block at a time. Exact up to rounding. ``rows=None``, or no more rows than that:
+    one call on everything."""
+    n = jax.tree.leaves(data)[0].shape[0]
+    k = 0 if rows is None else n // rows
+    if k <= 1:
+        return fn(data)
+    blocks = jax.tree.map(lambda a: a[: k * rows].reshape(k, rows, *a.shape[1:]), data)
+    zero = jax.tree.map(jnp.zeros_like, jax.eval_shape(fn, jax.tree.map(lambda a: a[0], blocks)))
+    total = jax.lax.scan(lambda acc, b: (tree_add(acc, fn(b)), None), zero, blocks)[0]
+    mean = tree_scale(1.0 / k, total)
+    if k * rows == n:
+        return mean
+    rest = fn(jax.tree.map(lambda a: a[k * rows :], data))
+    return tree_add(tree_scale(k * rows / n, mean), tree_scale((n - k * rows) / n, rest))
 
 
 def _check_compute_dtype(compute_dtype, model: str):
