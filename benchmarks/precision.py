@@ -107,8 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("quadratic", "bfloat16", "both"), default="both")
     parser.add_argument("--steps-mlp", type=int, default=300)
-    parser.add_argument("--steps-cnn", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps-cnn", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--child-quadratic", type=int, choices=(32, 64), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_quadratic:
