@@ -7,7 +7,9 @@
   convolutions as matrix products of the stacked windows in NHWC (``_conv_nhwc``, faster than
   XLA:CPU's convolution inside solver loops) and max-pooling over strided sub-grids;
 * input checks (``check_features``, ``check_labels``...) that raise ``ValueError`` naming the
-  offending argument of the calling factory, and :func:`float_dtype`.
+  offending argument of the calling factory, and :func:`float_dtype`;
+* mixed precision: :func:`check_compute_dtype` and :func:`in_compute_dtype` (bfloat16 data and
+  activations around float32 parameters, losses and gradients).
 
 Every per-sample function takes arrays with a leading sample axis and returns per-sample
 values; problems take the mean. Broadcasting is always explicit (the test suite runs with
@@ -44,6 +46,8 @@ __all__ = [
     "pad_to_32",
     "LENET5_FEATURES",
     "sum_of_squares",
+    "check_compute_dtype",
+    "in_compute_dtype",
 ]
 
 LENET5_FEATURES = 84  # output width of the LeNet-5 feature extractor
@@ -52,6 +56,50 @@ LENET5_FEATURES = 84  # output width of the LeNet-5 feature extractor
 def float_dtype() -> np.dtype:
     """The default float dtype: float32, or float64 when ``jax_enable_x64`` is on."""
     return np.dtype(jnp.result_type(float))
+
+
+#: compute dtypes a model may run in besides its parameters' own (``compute_dtype=None``)
+COMPUTE_DTYPES = ("bfloat16",)
+
+
+def check_compute_dtype(value, fn: str):
+    """``None`` (compute in the parameters' dtype) or ``jnp.bfloat16`` for ``value`` given as
+    ``None``, ``"bfloat16"`` or ``jnp.bfloat16``.
+
+    Raises:
+        ValueError: any other value (float16 is refused: its 5-bit exponent overflows at 65504,
+            which logits and their squares reach; bfloat16 keeps float32's range).
+    """
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in COMPUTE_DTYPES:
+        raise ValueError(
+            f"{fn}(compute_dtype=...) must be None (compute in the parameters' dtype: float32, "
+            f"or float64 under jax_enable_x64) or 'bfloat16', got {value!r}."
+        )
+    return jnp.bfloat16
+
+
+def in_compute_dtype(apply, compute_dtype, out_dtype):
+    """``apply(params, X)`` run in ``compute_dtype``: inputs and a copy of the parameters are
+    cast to it, so every activation is stored in it, and the output comes back in ``out_dtype``.
+
+    The parameters themselves, the loss built on the output and every gradient stay in
+    ``out_dtype``: the transpose of a cast is a cast, so reverse mode returns cotangents of the
+    ``out_dtype`` parameters in ``out_dtype`` (mixed precision as in Micikevicius et al.,
+    "Mixed Precision Training", ICLR 2018, with bfloat16 in place of float16, hence no loss
+    scaling). XLA:CPU computes bfloat16 dot products in float32 and rounds their outputs.
+    """
+
+    def run(params: PyTree, X: jax.Array) -> jax.Array:
+        low = jax.tree.map(lambda a: a.astype(compute_dtype), params)
+        return apply(low, X.astype(compute_dtype)).astype(out_dtype)
+
+    return run
 
 
 # ---- losses ----------------------------------------------------------------------------------
