@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 from memory import cleaning
-from overhead import solver_chunk
+from timing import solver_chunk
 
 import bilevel as bl
 
