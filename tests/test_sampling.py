@@ -69,7 +69,8 @@ def test_vmap_over_keys():
 # ---- scheme "window" -------------------------------------------------------------------------
 def _window_rows(start: int, n: int, size: int) -> np.ndarray:
     data = {"row": jnp.arange(n), "twice": 2 * jnp.arange(n)[:, None] * jnp.ones((1, 3))}
-    mb = sampling.Minibatches(data, None, jnp.array([start]), None, size, 0, window=size)
+    starts = jnp.full((1, 1, size), start)
+    mb = sampling.Minibatches(data, None, starts, None, size, 0)
     batch = mb.outer(0)
     np.testing.assert_array_equal(batch["twice"], 2 * batch["row"][:, None] * np.ones((1, 3)))
     return np.asarray(batch["row"])
@@ -89,7 +90,7 @@ def test_window_is_the_cyclic_window_and_every_row_is_equally_likely():
 def test_window_draws_and_errors():
     data = {"a": jnp.arange(50.0)}
     mb = sampling.minibatches(jax.random.key(0), data, data, 8, outer=3, inner=2, scheme="window")
-    assert mb.outer_idx.shape == (3,) and mb.inner_idx.shape == (2,) and mb.window == 8
+    assert mb.outer_idx.shape == (3, 1, 8) and mb.inner_idx.shape == (2, 1, 8)
     assert mb.samples_outer == 24 and mb.samples_inner == 16
     assert mb.inner(1)["a"].shape == (8,)
     with pytest.raises(ValueError, match="batch_size <= the number of samples"):

@@ -70,12 +70,12 @@ def batch_count(data: PyTree, batch_size: int | None) -> int:
     return num_samples(data) if batch_size is None else int(batch_size)
 
 
-def _gather(data: PyTree, idx: jax.Array | None, i, window: int) -> PyTree:
+def _gather(data: PyTree, idx: jax.Array | None, i) -> PyTree:
     if data is None or idx is None:  # deterministic level, or full-batch oracle
         return data
     rows = idx[i]
-    if window:  # scheme "window": rows is the window's first row
-        batch = jax.tree.map(lambda a: _window(a, rows, window), data)
+    if rows.ndim == 2:  # scheme "window": (1, batch_size) copies of the window's first row
+        batch = jax.tree.map(lambda a: _window(a, rows[0, 0], rows.shape[1]), data)
     else:
         batch = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), data)
     batch = parallel.shard_batch(batch)  # split over the devices of solve(devices=...), if any
@@ -113,18 +113,19 @@ class Minibatches(NamedTuple):
 
     outer_data: PyTree
     inner_data: PyTree
-    # (num_outer, batch_size) int32 rows ("iid"), (num_outer,) first rows ("window"), or None
+    # (num_outer, batch_size) int32 rows ("iid"); (num_outer, 1, batch_size) copies of each
+    # window's first row ("window": the scheme and the size live in the static shape, since a
+    # Minibatches may travel through jit/vmap/scan as a pytree); or None
     outer_idx: jax.Array | None
     inner_idx: jax.Array | None
     samples_outer: int  # samples drawn for the outer level in this step (static)
     samples_inner: int
-    window: int = 0  # scheme "window": the batch size (static); 0 for "iid"
 
     def outer(self, i) -> PyTree:
-        return _gather(self.outer_data, self.outer_idx, i, self.window)
+        return _gather(self.outer_data, self.outer_idx, i)
 
     def inner(self, i) -> PyTree:
-        return _gather(self.inner_data, self.inner_idx, i, self.window)
+        return _gather(self.inner_data, self.inner_idx, i)
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -163,7 +164,8 @@ def _indices(key, data, batch_size, num, scheme):
             f"sampling='window' needs batch_size <= the number of samples; got batch_size "
             f"{batch_size} for {n} samples. Use a smaller batch, or sampling='iid'."
         )
-    return uniform_indices(key, (num,), n)  # draw i: the window that starts at row idx[i]
+    starts = uniform_indices(key, (num, 1, 1), n)  # draw i: the window starting at row idx[i]
+    return jnp.broadcast_to(starts, (num, 1, batch_size))
 
 
 def minibatches(
@@ -191,5 +193,4 @@ def minibatches(
         inner_idx=_indices(k_in, inner_data, batch_size, inner, scheme),
         samples_outer=outer * batch_count(outer_data, batch_size),
         samples_inner=inner * batch_count(inner_data, batch_size),
-        window=int(batch_size) if scheme == "window" and batch_size is not None else 0,
     )
