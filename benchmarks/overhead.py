@@ -20,7 +20,6 @@ fails on time. Run: ``python benchmarks/overhead.py [--steps 400] [--solvers f2s
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -38,10 +37,9 @@ from bilevel import sampling
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import (  # noqa: E402
     best_time,
-    floor_program,
     paired_times,
-    per_step_calls,
     solver_chunk,
+    versus_floor,
 )
 
 #: step sizes that keep every solver finite on the benchmark problem (speed, not accuracy)
@@ -120,10 +118,9 @@ def main() -> None:
         hyper = dict(SETTINGS.get(name, SETTINGS["default"]), batch_size=args.batch)
         solver = bl.solvers.make(name, **hyper).resolve(problem)  # "auto" settings filled in
         run1, state = solver_chunk(problem, solver, args.steps, 1)
-        calls, d_out, d_in = per_step_calls(problem, solver, state)
-        floor = floor_program(problem, calls, d_out, d_in, args.batch, args.steps)
-        run_floor = functools.partial(floor, problem.x0, problem.y0, jax.random.PRNGKey(0))
-        t1, t_floor, r_floor = paired_times(run1, run_floor, args.repeats)
+        t1, t_floor, r_floor, _ = versus_floor(
+            problem, solver, run1, state, args.batch, args.steps, args.repeats
+        )
         steps = args.steps
         if args.floor_only:
             print(

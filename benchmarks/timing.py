@@ -122,11 +122,14 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
     return jax.jit(run)
 
 
-def floor_ratio(problem, solver, state, batch_size, steps, repeats) -> float:
-    """Median per-pair ratio of the solver's chunk over its raw oracle floor (one seed)."""
-    run, _ = solver_chunk(problem, solver, steps, 1)
+def versus_floor(problem, solver, run, state, batch_size, steps, repeats):
+    """The solver's chunk ``run`` (from :func:`solver_chunk`, one seed, ``steps`` steps) against
+    its raw oracle floor: ``(best solver time, best floor time, median per-pair ratio, calls)``
+    with ``calls`` the oracle calls of one step by kind."""
     calls, draws_out, draws_in = per_step_calls(problem, solver, state)
     floor = floor_program(problem, calls, draws_out, draws_in, batch_size, steps)
-    return paired_times(run, lambda: floor(problem.x0, problem.y0, jax.random.PRNGKey(0)), repeats)[
-        2
-    ]
+    key = jax.random.PRNGKey(0)
+    t_solver, t_floor, ratio = paired_times(
+        run, lambda: floor(problem.x0, problem.y0, key), repeats
+    )
+    return t_solver, t_floor, ratio, calls

@@ -13,7 +13,7 @@ and the same loss functions, in this one process:
 
 Ours runs under both sampling schemes of ``bilevel.sampling``: ``"window"`` (contiguous rows
 at a random start, what benchopt's samplers draw too) and ``"iid"`` (the default); the floor
-ratio (``timing.floor_ratio``: our chunk over a bare scan of the same oracle calls on the same
+ratio (``timing.versus_floor``: our chunk over a bare scan of the same oracle calls on the same
 kind of batches) is for "window".
 
 Before timing, f and g of both sides are evaluated on one batch at a random point and must
@@ -50,7 +50,7 @@ from bilevel.problems.models import softmax_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchopt_side  # noqa: E402
-from timing import floor_ratio, paired_times, per_step_calls, solver_chunk  # noqa: E402
+from timing import paired_times, solver_chunk, versus_floor  # noqa: E402
 
 #: benchopt solver file and parameters, our solver name and settings: the same oracle work
 SOLVERS = {
@@ -265,12 +265,11 @@ def compare(name, clone, pb_inner, pb_outer, problem, args):
             lambda: one_epoch(carry, steps), run_ours, args.repeats
         )
         row[scheme] = (t_theirs, t_ours, ratio)
-    calls, *_ = per_step_calls(scheme_problem, solver, state)
+        if scheme == "window":
+            *_, floor, calls = versus_floor(
+                scheme_problem, solver, run_ours, state, args.batch, steps, args.repeats
+            )
     work = ", ".join(f"{k} {v}" for k, v in calls.items() if v)
-    window = problem.replace(sampling="window")
-    solver = solver.resolve(window)
-    _, state = solver_chunk(window, solver, steps, 1)
-    floor = floor_ratio(window, solver, state, args.batch, steps, args.repeats)
     t_theirs, t_ours, ratio = row["window"]
     print(
         f"{name:8s} {t_theirs / steps * 1e6:11,.0f} {t_ours / steps * 1e6:11,.0f} "
