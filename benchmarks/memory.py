@@ -75,11 +75,11 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
-def cleaning(n: int, d: int, classes: int = 10, **options) -> bl.BilevelProblem:
-    """Hyper-cleaning on synthetic Gaussian features, n noisy + 500 clean samples."""
+def cleaning(n: int, d: int, classes: int = 10, n_val: int = 500, **options) -> bl.BilevelProblem:
+    """Hyper-cleaning on synthetic Gaussian features, n noisy + ``n_val`` clean samples."""
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((n + 500, d), dtype=np.float32)
-    y = rng.integers(0, classes, n + 500)
+    X = rng.standard_normal((n + n_val, d), dtype=np.float32)
+    y = rng.integers(0, classes, n + n_val)
     return bl.problems.hyper_cleaning(X[:n], y[:n], X[n:], y[n:], num_classes=classes, **options)
 
 

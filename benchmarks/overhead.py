@@ -27,7 +27,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import bilevel as bl
 import bilevel.data  # noqa: F401  (bl.data)
@@ -35,6 +34,7 @@ import bilevel.sampling  # noqa: F401  (bl.sampling)
 from bilevel import sampling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import cleaning  # noqa: E402
 from timing import (  # noqa: E402
     best_time,
     paired_times,
@@ -74,17 +74,14 @@ def sampler_ratios(problem, repeats):
 
 def make_problem(which: str):
     """The stochastic quadratic, or data hyper-cleaning (F2SA's, on 20,000 Fashion-MNIST
-    training images; random images of the same shape when Fashion-MNIST is not installed)."""
+    training images; random Gaussian images of the same shape without Fashion-MNIST)."""
     if which == "quadratic":
         return bl.problems.quadratic(stochastic=True)
     try:
         return bl.problems.hyper_cleaning_dataset(n_train=20000, n_val=5000, n_test=1000)
     except bl.data.DatasetNotFoundError as err:
-        print(f"Fashion-MNIST not found ({err}); STAND-IN: random 784-pixel images.")
-    rng = np.random.default_rng(0)
-    X, Xv = rng.random((20000, 784), np.float32), rng.random((5000, 784), np.float32)
-    y, yv = rng.integers(0, 10, 20000), rng.integers(0, 10, 5000)
-    return bl.problems.hyper_cleaning(X, y, Xv, yv, num_classes=10)
+        print(f"Fashion-MNIST not found ({err}); STAND-IN: random Gaussian 784-pixel images.")
+    return cleaning(20000, 784, n_val=5000)
 
 
 def main() -> None:

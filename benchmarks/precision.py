@@ -64,7 +64,7 @@ def quadratic_part() -> None:
 
 def bfloat16_part(steps_mlp: int, steps_cnn: int, repeats: int) -> None:
     import jax
-    from overhead import paired_times, solver_chunk
+    from timing import paired_times, solver_chunk
 
     import bilevel as bl
     from bilevel import data as bl_data

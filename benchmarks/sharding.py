@@ -3,7 +3,7 @@
 For each problem and solver, the compiled chunk ``bl.solve`` runs (``eval_every`` steps of a
 ``lax.scan``) without a mesh, and the same chunk with every minibatch split over ``k`` devices
 (``bilevel.parallel``); the two are timed alternately and the median per-pair ratio printed
-(``overhead.paired_times``). On a CPU the devices are forced host devices
+(``timing.paired_times``). On a CPU the devices are forced host devices
 (``--xla_force_host_platform_device_count``, set below before jax is imported): they share the
 machine's cores, so this measures the cost of the partitioned program and its all-reduces, not
 a speed-up; on a machine with several accelerators the same command measures the real thing.
@@ -28,27 +28,11 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from overhead import paired_times  # noqa: E402
+from memory import cleaning  # noqa: E402
+from timing import paired_times, solver_chunk  # noqa: E402
 
 import bilevel as bl  # noqa: E402
 from bilevel import parallel  # noqa: E402
-from bilevel.run import _compiled, _init_states  # noqa: E402
-
-
-def chunk(problem, solver, steps: int, mesh):
-    """A thunk running ``bl.solve``'s compiled chunk once (one seed) on ``mesh`` (or none)."""
-    placed = parallel.replicate(problem, mesh)
-    state = _init_states(solver, placed, [0], False, mesh=mesh)
-    program = _compiled("chunk", solver, placed, state, steps, False, mesh=mesh)
-    return lambda: program(placed, state)
-
-
-def cleaning(n: int = 20_000, m: int = 5_000, d: int = 784, classes: int = 10):
-    rng = np.random.default_rng(0)
-    X, X_val = rng.standard_normal((n, d), np.float32), rng.standard_normal((m, d), np.float32)
-    y, y_val = rng.integers(0, classes, n), rng.integers(0, classes, m)
-    return bl.problems.hyper_cleaning(X, y, X_val, y_val, num_classes=classes)
 
 
 def main() -> None:
@@ -61,7 +45,7 @@ def main() -> None:
     mesh = parallel.make_mesh(args.devices, None)
     problems = {
         "quadratic": bl.problems.quadratic(dx=10, dy=50, stochastic=True, n_samples=2000),
-        "cleaning": cleaning(),
+        "cleaning": cleaning(20_000, 784, n_val=5_000),
     }
     print(f"{jax.devices()[0].platform}: {args.devices} devices, {os.cpu_count()} cores")
     print(
@@ -73,8 +57,8 @@ def main() -> None:
             for name in args.solvers:
                 solver = bl.solvers.make(name, batch_size=batch, lr_outer=0.01, lr_inner=0.01)
                 solver = solver.with_horizon(args.steps).resolve(problem)
-                one = chunk(problem, solver, args.steps, None)
-                many = chunk(problem, solver, args.steps, mesh)
+                one, _ = solver_chunk(problem, solver, args.steps, 1)
+                many, _ = solver_chunk(problem, solver, args.steps, 1, mesh)
                 t1, tk, ratio = paired_times(one, many, args.repeats)
                 us = 1e6 / args.steps
                 print(

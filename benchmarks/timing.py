@@ -9,7 +9,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bilevel import oracles, sampling
+from bilevel import oracles, parallel, sampling
 from bilevel._tree import tree_axpy
 from bilevel.run import _compiled, _init_states
 
@@ -42,11 +42,13 @@ def paired_times(a, b, repeats: int) -> tuple[float, float, float]:
     return min(ta), min(tb), statistics.median(x / y for x, y in zip(ta, tb, strict=True))
 
 
-def solver_chunk(problem, solver, steps, seeds):
-    """The compiled chunk ``bl.solve`` runs, and a zero-argument thunk running it once."""
+def solver_chunk(problem, solver, steps, seeds, mesh=None):
+    """The compiled chunk ``bl.solve`` runs, as a zero-argument thunk running it once, and its
+    starting state; with ``mesh``, as ``bl.solve(mesh=...)`` runs it (data on the mesh)."""
     batched = seeds > 1
-    state = _init_states(solver, problem, list(range(seeds)), batched)
-    chunk = _compiled("chunk", solver, problem, state, steps, batched)
+    problem = parallel.replicate(problem, mesh)
+    state = _init_states(solver, problem, list(range(seeds)), batched, mesh=mesh)
+    chunk = _compiled("chunk", solver, problem, state, steps, batched, mesh=mesh)
     return (lambda: chunk(problem, state)), state
 
 
