@@ -7,7 +7,7 @@
 2. Data hyper-cleaning on Fashion-MNIST (19,000 noisy / 1,000 clean / 1,000 test) with the MLP
    (one hidden layer of 256) and the LeNet-5 CNN, F2SA batch 64: time per step of the default
    (float32) problem against ``compute_dtype="bfloat16"`` (compiled chunks timed alternately,
-   median ratio, ``overhead.paired_times``) and the validation loss / accuracy after the same
+   median ratio, ``timing.paired_times``) and the validation loss / accuracy after the same
    steps from the same seed. Without the Fashion-MNIST files this part says so and is skipped.
 
 Nothing passes or fails. Run: ``python benchmarks/precision.py [--part quadratic|bfloat16]``.
