@@ -6,7 +6,8 @@ Loaders return numpy arrays: float32 features and int32 labels (except
 return scipy sparse matrices). Nothing here downloads data: loaders look in local
 directories (``path=``, the data root ``$BILEVEL_DATA``, system locations such as the
 Debian package ``dataset-fashion-mnist``) and raise :class:`DatasetNotFoundError` explaining how
-to obtain the files when they are absent.
+to obtain the files when they are absent. Nothing here unpickles a file the caller has not
+said they trust (:func:`load_miniimagenet`'s ``trust_pickle``).
 
 ``BILEVEL_IGNORE_SYSTEM_DATA=1`` makes every loader ignore data that is there
 only because of an install on this machine: system-wide locations
@@ -31,6 +32,15 @@ from .idx import (
     read_idx,
 )
 from .libsvm import LIBSVM_DATASETS, load_libsvm_dataset, read_libsvm, read_libsvm_entries
+from .miniimagenet import (
+    MINIIMAGENET_SPLITS,
+    TRUST_PICKLE_ENV_VAR,
+    MiniImageNetSplit,
+    UntrustedPickleError,
+    convert_miniimagenet_to_npz,
+    load_miniimagenet,
+    pickle_trusted_by_env,
+)
 from .newsgroups import Newsgroups, load_news20_libsvm, load_newsgroups
 from .sklearn_sets import SKLEARN_DATASETS, load_20newsgroups, load_sklearn
 from .splits import binary_from_multiclass, corrupt_labels, one_hot, train_val_test_split
@@ -42,22 +52,29 @@ __all__ = [
     "FASHION_MNIST_SYSTEM_DIR",
     "IGNORE_SYSTEM_ENV_VAR",
     "LIBSVM_DATASETS",
+    "MINIIMAGENET_SPLITS",
+    "MiniImageNetSplit",
     "Newsgroups",
     "SKLEARN_DATASETS",
+    "TRUST_PICKLE_ENV_VAR",
+    "UntrustedPickleError",
     "DataFormatError",
     "DatasetNotFoundError",
     "binary_from_multiclass",
+    "convert_miniimagenet_to_npz",
     "corrupt_labels",
     "downsample_images",
     "load_20newsgroups",
     "load_fashion_mnist",
     "load_libsvm_dataset",
+    "load_miniimagenet",
     "load_mnist",
     "load_mnist_like",
     "load_news20_libsvm",
     "load_newsgroups",
     "load_sklearn",
     "one_hot",
+    "pickle_trusted_by_env",
     "read_idx",
     "read_libsvm",
     "read_libsvm_entries",

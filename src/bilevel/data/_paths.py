@@ -29,23 +29,28 @@ def data_root() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def system_data_ignored() -> bool:
-    """Whether ``$BILEVEL_IGNORE_SYSTEM_DATA`` asks loaders to skip machine-wide data.
+def env_flag(name: str, meaning: str) -> bool:
+    """Read a yes/no environment variable: ``1`` / ``true`` / ``yes`` / ``on`` or unset / ``0`` /
+    ``false`` / ``no`` / ``off`` / empty (case-insensitive).
 
-    True for ``1`` / ``true`` / ``yes`` / ``on``, false when unset or ``0`` / ``false`` /
-    ``no`` / ``off`` / empty (case-insensitive). Any other value is an error rather than a
-    guess: a misspelt value silently read as "no" would load the very data the user meant
-    to hide.
+    Any other value is an error rather than a guess: a misspelt value silently read as "no"
+    could, say, load the very data the user meant to hide. ``meaning`` completes "use 1 to ..."
+    in that error.
     """
-    value = os.environ.get(IGNORE_SYSTEM_ENV_VAR, "").strip().lower()
+    value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
     raise ValueError(
-        f"${IGNORE_SYSTEM_ENV_VAR}={os.environ[IGNORE_SYSTEM_ENV_VAR]!r} is not understood; "
-        f"use 1 to ignore system-wide data (or 0 / unset to use it)."
+        f"${name}={os.environ[name]!r} is not understood; use 1 to {meaning} (or 0 / unset not to)."
     )
+
+
+def system_data_ignored() -> bool:
+    """Whether ``$BILEVEL_IGNORE_SYSTEM_DATA`` asks loaders to skip machine-wide data
+    (:func:`env_flag`)."""
+    return env_flag(IGNORE_SYSTEM_ENV_VAR, "ignore system-wide data")
 
 
 def candidate_dirs(
