@@ -51,7 +51,7 @@ def zeros_head(ways: int, feature_dim: int, dtype=jnp.float32) -> LinearHead:
 
 def head_logits(head: LinearHead, features: jax.Array) -> jax.Array:
     """``(n, ways)`` logits of ``(n, feature_dim)`` features."""
-    return features @ head.weight.T + head.bias
+    return features @ head.weight.T + head.bias[None, :]
 
 
 def ridge(head: LinearHead, reg) -> jax.Array:
