@@ -1,0 +1,221 @@
+"""The meta-training loop: one compiled step, timed training, fixed meta-test tasks.
+
+:func:`meta_train` runs any meta-learner of :mod:`bilevel.meta.base`'s contract the way the
+paper measures it (Sow, Ji, Liang, NeurIPS 2022, Fig. 4 and Table 1: meta-test accuracy against
+wall-clock training time):
+
+* the step (sample a meta-batch, then ``learner.step``) is compiled once, ahead of time, and its
+  compilation is timed and reported apart (``MetaTrace.compile_seconds``);
+* ``seconds`` counts the training steps only, each waited for (``block_until_ready``);
+* meta-test accuracy is measured before training, every ``eval_every`` steps and at the end,
+  outside the timed region, on the SAME ``eval_tasks`` tasks every time: their keys are drawn once
+  from the run's key and the (deterministic) sampler redraws the same episodes from them in chunks
+  of its meta-batch, so no image set is held in memory. Each row reports the mean over those tasks
+  and the 95% interval ``1.96 std / sqrt(n)`` (:func:`mean_ci95`; the paper: 600 test tasks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import pandas as pd
+
+from .heads import accuracy
+
+__all__ = ["MetaTrace", "HISTORY_COLUMNS", "mean_ci95", "meta_train"]
+
+#: the columns of :attr:`MetaTrace.history`
+HISTORY_COLUMNS = ("step", "seconds", "train_loss", "test_accuracy", "test_ci95")
+
+
+class MetaTrace(NamedTuple):
+    """The outcome of :func:`meta_train`."""
+
+    state: Any  # the learner's last state (the last one with a finite loss on an early stop)
+    history: pd.DataFrame  # one row per evaluation, columns HISTORY_COLUMNS
+    compile_seconds: float  # compiling the training step (not counted in ``seconds``)
+    eval_seconds: float  # every meta-test evaluation, its compilation included (not counted)
+    stopped: str | None  # why training ended before ``steps`` (None: all steps ran)
+
+
+def mean_ci95(per_task_accuracies) -> tuple[float, float]:
+    """``(mean, 1.96 * std / sqrt(n))``: the mean and the half-width of its 95% normal interval.
+
+    ``std`` is the sample standard deviation (``ddof=1``) of the n per-task accuracies, the
+    convention of few-shot papers' "mean +- 95% confidence interval over 600 tasks".
+    """
+    values = np.asarray(per_task_accuracies, dtype=float).ravel()
+    if values.size < 2:
+        raise ValueError(
+            f"mean_ci95(per_task_accuracies=...) needs at least 2 tasks, got {values.size}."
+        )
+    return float(values.mean()), float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
+
+
+def _check_args(train_sampler, test_sampler, ways, steps, eval_every, eval_tasks, time_limit):
+    for name, value, low in (("steps", steps, 1), ("eval_every", eval_every, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"meta_train({name}=...) must be a positive int, got {value!r}.")
+    if isinstance(eval_tasks, bool) or not isinstance(eval_tasks, int) or eval_tasks < 2:
+        raise ValueError(
+            f"meta_train(eval_tasks=...) must be an int >= 2 (the paper uses 600), got "
+            f"{eval_tasks!r}."
+        )
+    if time_limit is not None and not (isinstance(time_limit, int | float) and time_limit > 0):
+        raise ValueError(
+            f"meta_train(time_limit=...) must be None or a positive number of training seconds, "
+            f"got {time_limit!r}."
+        )
+    for name, sampler in (("train_sampler", train_sampler), ("test_sampler", test_sampler)):
+        if not (callable(getattr(sampler, "sample", None)) and hasattr(sampler, "meta_batch")):
+            raise ValueError(
+                f"meta_train({name}=...) needs .sample(key) -> Episodes and .meta_batch "
+                "(a bilevel.meta.episodes.EpisodeSampler)."
+            )
+        if getattr(sampler, "ways", ways) != ways:
+            raise ValueError(
+                f"meta_train(ways={ways}) differs from {name}.ways = {sampler.ways}; pass the "
+                "samplers' number of ways."
+            )
+
+
+def _compile_evaluator(learner, test_sampler, eval_tasks: int, key: jax.Array, state):
+    """A compiled ``state -> (eval_tasks,)`` per-task accuracies on fixed tasks.
+
+    The tasks come from ``ceil(eval_tasks / meta_batch)`` keys drawn once here; the sampler
+    redraws the same episodes from them at every call, one meta-batch at a time (``lax.map``).
+    """
+    chunks = -(-eval_tasks // test_sampler.meta_batch)
+    keys = jax.random.split(key, chunks)
+
+    def per_task(state, keys):
+        def chunk(chunk_key):
+            episodes = test_sampler.sample(chunk_key)
+            logits = learner.query_logits(state, episodes)
+            return jax.vmap(accuracy)(logits, episodes.query_labels)
+
+        return jax.lax.map(chunk, keys).reshape(-1)[:eval_tasks]
+
+    compiled = jax.jit(per_task).lower(state, keys).compile()
+    return lambda state: np.asarray(compiled(state, keys))
+
+
+def _compile_step(learner, train_sampler, state, key):
+    """The training step ``(state, key) -> (state, loss)`` compiled ahead of time; raises if the
+    learner's step changes the state's structure, shapes or dtypes (each step would recompile)."""
+
+    def train_step(state, key):
+        sample_key, step_key = jax.random.split(key)
+        return learner.step(state, train_sampler.sample(sample_key), step_key)
+
+    before = jax.eval_shape(lambda s: s, state)
+    after = jax.eval_shape(train_step, state, key)[0]
+    if jax.tree.structure(before) != jax.tree.structure(after) or before != after:
+        raise ValueError(
+            f"{type(learner).__name__}.step returns a state whose structure, shapes or dtypes "
+            "differ from its input's; keep every field's dtype (cast updates to the parameters' "
+            "dtype) so one compiled step serves the whole run."
+        )
+    return jax.jit(train_step).lower(state, key).compile()
+
+
+def meta_train(
+    learner,
+    backbone,
+    *,
+    train_sampler,
+    test_sampler,
+    ways: int,
+    steps: int,
+    eval_every: int,
+    eval_tasks: int = 600,
+    key: jax.Array,
+    time_limit: float | None = None,
+    log: Callable[[str], Any] | None = print,
+) -> MetaTrace:
+    """Meta-train ``learner`` from ``backbone``; meta-test accuracy against training time.
+
+    Args:
+        learner: a meta-learner (:class:`bilevel.meta.base.MetaLearner`: ``init``, ``step``,
+            ``query_logits``), closed over by the compiled step.
+        backbone: the initial backbone (an equinox module, images -> features).
+        train_sampler, test_sampler: episode samplers (``.sample(key) -> Episodes``,
+            ``.meta_batch``) over class-disjoint meta-train and meta-test classes.
+        ways: classes per task (the heads' output size).
+        steps: meta-steps to run.
+        eval_every: meta-steps between evaluations (one more before training and at the end).
+        eval_tasks: meta-test tasks of every evaluation, the same ones each time (default 600,
+            the paper's count).
+        key: the run's PRNG key: split into the learner's init key, the training keys (one per
+            step) and the meta-test tasks' keys.
+        time_limit: stop once the training time (the history's ``seconds``) reaches this many
+            seconds, after an evaluation of the last state; None (default) runs all ``steps``.
+        log: called with one line per evaluation and with the reason of an early stop; None is
+            silent.
+
+    Returns:
+        :class:`MetaTrace`: the final state and the history, one row per evaluation with
+        ``step``, ``seconds`` (training wall time so far: compilation and evaluation excluded),
+        ``train_loss`` (mean query loss of the meta-batches since the previous row, NaN before
+        training), ``test_accuracy`` (mean over the tasks, a fraction) and ``test_ci95``. A
+        non-finite training loss stops the run with a message; the history so far is kept and
+        ``state`` is the last state whose loss was finite.
+    """
+    _check_args(train_sampler, test_sampler, ways, steps, eval_every, eval_tasks, time_limit)
+    say = log if log is not None else (lambda _: None)
+    init_key, train_key, eval_key = jax.random.split(key, 3)
+    state = learner.init(backbone, ways, init_key)
+    step_keys = jax.random.split(train_key, steps)
+
+    start = time.perf_counter()
+    step_fn = _compile_step(learner, train_sampler, state, step_keys[0])
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluate = _compile_evaluator(learner, test_sampler, eval_tasks, eval_key, state)
+    eval_seconds = time.perf_counter() - start
+    rows: list[dict] = []
+    losses: list[float] = []  # training losses since the last row
+    seconds = 0.0  # training time so far
+
+    def record(step: int, state) -> float:
+        """Evaluate ``state``, append its row and log it; return the time it took."""
+        start = time.perf_counter()
+        mean, ci = mean_ci95(evaluate(state))
+        spent = time.perf_counter() - start
+        loss = float(np.mean(losses)) if losses else float("nan")
+        losses.clear()
+        rows.append(dict(zip(HISTORY_COLUMNS, (step, seconds, loss, mean, ci), strict=True)))
+        say(
+            f"{learner.name} step {step}/{steps}: {seconds:.1f} s, train loss {loss:.4f}, "
+            f"test accuracy {100 * mean:.2f} +- {100 * ci:.2f} % ({eval_tasks} tasks)"
+        )
+        return spent
+
+    eval_seconds += record(0, state)
+    stopped = None
+    for k in range(steps):
+        step_key = step_keys[k]
+        start = time.perf_counter()
+        new_state, loss = jax.block_until_ready(step_fn(state, step_key))
+        seconds += time.perf_counter() - start
+        loss = float(loss)
+        if not math.isfinite(loss):
+            stopped = f"non-finite training loss ({loss}) at step {k + 1}; history kept to step {k}"
+            say(f"{learner.name}: stopped: {stopped}")
+            break
+        state = new_state
+        losses.append(loss)
+        if time_limit is not None and seconds >= time_limit and k + 1 < steps:
+            stopped = f"time limit of {time_limit} training seconds reached after step {k + 1}"
+        if (k + 1) % eval_every == 0 or k + 1 == steps or stopped:
+            eval_seconds += record(k + 1, state)
+        if stopped:
+            say(f"{learner.name}: stopped: {stopped}")
+            break
+    history = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+    return MetaTrace(state, history, compile_seconds, eval_seconds, stopped)
