@@ -448,11 +448,10 @@ def run_diverging(**kwargs):
         train_sampler=train,
         test_sampler=test,
         ways=2,
-        eval_every=1,
         eval_tasks=16,
         key=jax.random.key(0),
         log=None,
-        **kwargs,
+        **{"eval_every": 1, **kwargs},
     )
 
 
@@ -465,6 +464,14 @@ def test_meta_train_stops_on_a_non_finite_loss_or_at_the_time_limit():
     assert int(trace.state) == 2  # the last state whose loss was finite
     trace = run_diverging(steps=5, time_limit=1e-12)  # any step outlasts it
     assert "time limit" in trace.stopped and trace.history["step"].tolist() == [0, 1]
+
+
+def test_meta_train_evaluates_by_training_seconds_too():
+    assert run_diverging(steps=2, eval_every=100).history["step"].tolist() == [0, 2]
+    trace = run_diverging(steps=2, eval_every=100, eval_every_seconds=1e-12)
+    assert trace.history["step"].tolist() == [0, 1, 2]  # every step outlasts 1e-12 s
+    with pytest.raises(ValueError, match="eval_every_seconds"):
+        run_diverging(steps=2, eval_every_seconds=0)
 
 
 def test_mean_ci95_exact():
