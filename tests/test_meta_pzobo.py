@@ -22,6 +22,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from bilevel._tree import tree_vdot
+from bilevel.meta.episodes import Episodes
 from bilevel.meta.heads import LinearHead, fit_head, head_loss, support_loss
 from bilevel.meta.pzobo import PZOBOMeta, code_outer_schedule, task_features
 from bilevel.meta.train import HISTORY_COLUMNS, mean_ci95, meta_train
@@ -32,15 +33,6 @@ WAYS, SHOTS, QUERIES, TASKS = 3, 2, 2, 3
 IMAGE = (1, 2, 2)  # C, H, W: 4 pixels
 FEATURES = 3  # p = 4 * 3 = 12 backbone parameters
 REG = 0.5  # the code's ridge weight
-
-
-class Episodes(NamedTuple):
-    """The fields of bilevel.meta.episodes.Episodes (the meta-learners only read these)."""
-
-    support_images: jax.Array  # (B, ways * shots, C, H, W)
-    support_labels: jax.Array  # (B, ways * shots) int32
-    query_images: jax.Array  # (B, ways * queries, C, H, W)
-    query_labels: jax.Array  # (B, ways * queries) int32
 
 
 class LinearBackbone(eqx.Module):

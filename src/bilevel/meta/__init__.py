@@ -6,7 +6,26 @@ regulariser (paper eq. 9). The package holds the pieces of that setting:
 
 * :mod:`~bilevel.meta.heads`: linear heads, their losses and the inner head solver;
 * :mod:`~bilevel.meta.base`: the meta-learner contract every method follows;
-* episodes, backbones, learners and the meta-training loop (see their modules).
+* :mod:`~bilevel.meta.episodes`: N-way K-shot episode sampling over class-disjoint splits;
+  :mod:`~bilevel.meta.datasets`: miniImageNet or the Fashion-MNIST / digits stand-ins;
+* :mod:`~bilevel.meta.backbones`: CNN4 and ResNet-12 (equinox, batch-statistics BatchNorm);
+* learners, made by name with :func:`make` ("pzobo", "maml", "fomaml", "anil", "protonet");
+* :func:`meta_train`: meta-training timed apart from compilation and meta-test evaluation.
 
 Spec: ``shared/specs/pzobo.md`` sections 3.3-3.5 and E4.
 """
+
+from .episodes import Episodes, EpisodeSampler, FewShotSplit
+from .registry import make, names
+from .train import MetaTrace, mean_ci95, meta_train
+
+__all__ = [
+    "Episodes",
+    "EpisodeSampler",
+    "FewShotSplit",
+    "make",
+    "names",
+    "meta_train",
+    "MetaTrace",
+    "mean_ci95",
+]

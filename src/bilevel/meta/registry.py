@@ -16,6 +16,7 @@ from typing import Any
 from ..solvers.registry import check_hyperparameters
 from .maml import ANIL, MAML
 from .protonet import ProtoNet
+from .pzobo import PZOBOMeta
 
 __all__ = ["register", "make", "names"]
 
@@ -67,6 +68,7 @@ def make(name: str, **hyperparameters: Any):
     return cls(**fixed, **hyperparameters)
 
 
+register("pzobo", PZOBOMeta)
 register("maml", MAML)
 register("fomaml", MAML, first_order=True)
 register("anil", ANIL)
