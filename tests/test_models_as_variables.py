@@ -163,7 +163,7 @@ def test_an_mlp_as_x_takes_the_steps_of_its_arrays(name, x_pairs):
     _assert_same_steps(*_trajectories(solver, (model, plain)), model)
 
 
-@pytest.mark.parametrize("name", ["f2sa", "pzobo", "stocbio", "aid-cg"])
+@pytest.mark.parametrize("name", ["f2sa", "pzobo", "aid-cg"])
 def test_an_mlp_as_y_takes_the_steps_of_its_arrays(name):
     mlp = _mlp(D, 1, seed=3)
     model, plain = _y_problem(mlp, _model_forward), _y_problem(_plain(mlp), _plain_forward)
@@ -332,6 +332,9 @@ def test_functions_see_the_model_and_python_floats_are_constants():
     x, _ = problem.models(problem.x0, problem.y0)
     assert x["scale"] == 2.0 and x["net"].activation is x0["net"].activation
     np.testing.assert_array_equal(problem.parameters(x0, None)[0]["w"], x0["w"])
+    # a copy keeps the model's constants, and its functions are the user's, wrapped once
+    copy = problem.replace(x_set=bl.sets.L2Ball(100.0))
+    assert copy.model_parts[0] is problem.model_parts[0] and copy.outer.fn is outer
 
 
 def test_an_integer_array_leaf_is_refused_by_its_path():
