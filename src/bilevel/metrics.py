@@ -59,8 +59,10 @@ def inner_solution(
     """y*(x) by ``newton_steps`` Newton iterations on the full-data g, from ``y`` (or y0).
 
     Exact in one step for quadratic g; quadratically convergent for strongly convex smooth g.
+    Models (an ``equinox.Module`` as x0 / y0) may be given whole; y* comes back as parameters
+    (``None`` at the model's constants, like ``problem.y0``).
     """
-    y = problem.y0 if y is None else y
+    x, y = problem.parameters(x, problem.y0 if y is None else y)
     return newton_inner_solution(problem.inner, x, y, problem.inner_data, newton_steps)
 
 
@@ -83,8 +85,9 @@ def newton_inner_solution(inner, x: PyTree, y: PyTree, inner_data, newton_steps:
 def hypergradient(
     problem: BilevelProblem, x: PyTree, y: PyTree | None = None, *, newton_steps: int = 30
 ) -> PyTree:
-    """The exact hypergradient grad F(x) (IFT with a dense inner solve), shaped like x."""
-    y = problem.y0 if y is None else y
+    """The exact hypergradient grad F(x) (IFT with a dense inner solve), shaped like x's
+    parameters (for a model, ``None`` at its constants, as ``eqx.filter_grad`` returns)."""
+    x, y = problem.parameters(x, problem.y0 if y is None else y)
     return dense_hypergradient(
         problem.outer, problem.inner, x, y, problem.outer_data, problem.inner_data, newton_steps
     )

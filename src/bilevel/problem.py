@@ -56,6 +56,48 @@ class _ProblemCopies:
         """A copy with some fields changed (re-validated)."""
         return dataclasses.replace(self, **changes)
 
+    # ---- models as variables (an equinox model as x0 or y0) -----------------------------------
+    @property
+    def model_parts(self) -> tuple[PyTree, PyTree]:
+        """``(x_static, y_static)``: what the user's ``x0`` and ``y0`` hold besides parameters
+        (their trees with ``None`` at every parameter), or ``None`` for a start made only of
+        parameters. ``x0`` and ``y0`` themselves are the parameters (``None`` elsewhere)."""
+        fn = self.inner
+        return (fn.x_static, fn.y_static) if isinstance(fn, OnModels) else (None, None)
+
+    def models(self, x: PyTree, y: PyTree) -> tuple[PyTree, PyTree]:
+        """The user's models at parameters ``x`` and ``y`` (of any leading axes, e.g. seeds):
+        ``(x, y)`` themselves unless ``x0`` or ``y0`` held non-parameter leaves."""
+        x_static, y_static = self.model_parts
+        return combine(x, x_static), combine(y, y_static)
+
+    def parameters(self, x: PyTree, y: PyTree) -> tuple[PyTree, PyTree]:
+        """The parameters of models ``x`` and ``y`` (the inverse of :meth:`models`; trees of
+        parameters, and any x or y of a problem without models, come back unchanged). Usable
+        under jit."""
+        x_static, y_static = self.model_parts
+        return (
+            x if x_static is None else _parameters(x),
+            y if y_static is None else _parameters(y),
+        )
+
+    def _split_models(self, owner: str, at: int) -> tuple[PyTree, PyTree]:
+        """The parameters of ``x0`` and ``y0`` (:func:`split_model`). When either held other
+        leaves, ``outer``, ``inner`` and ``metrics`` become :class:`OnModels` views that put
+        them back, ``x`` and ``y`` being their arguments ``at`` and ``at + 1``; a copy of such a
+        problem (``replace``), whose starts are parameters already, keeps its views' parts."""
+        x0, x_static = split_model(self.x0, "x0", owner)
+        y0, y_static = split_model(self.y0, "y0", owner)
+        if x_static is None and y_static is None:
+            x_static, y_static = self.model_parts
+        if x_static is not None or y_static is not None:
+            for name in ("outer", "inner", "metrics"):
+                fn = getattr(self, name)
+                if fn is not None:
+                    fn = fn.fn if isinstance(fn, OnModels) else fn
+                    object.__setattr__(self, name, OnModels(fn, x_static, y_static, at))
+        return x0, y0
+
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -66,7 +108,13 @@ class BilevelProblem(_ProblemCopies):
         outer: ``f(x, y, batch) -> scalar``, the upper-level (mean) loss.
         inner: ``g(x, y, batch) -> scalar``, the lower-level (mean) loss; every method in this
             library assumes it is strongly convex in ``y``.
-        x0, y0: starting points, any pytrees of floating arrays.
+        x0, y0: starting points: pytrees of float arrays, or models holding other leaves too
+            (an ``equinox.Module`` such as ``eqx.nn.MLP``, whose activation is a function).
+            Only float arrays are parameters, as in equinox (``eqx.is_inexact_array``); other
+            leaves (functions, strings, Python ints and floats) are constants. The solvers see
+            the parameters (``problem.x0``: the tree with ``None`` at every constant), while
+            ``outer``, ``inner`` and ``metrics`` receive the whole model, so ``model(a)`` works
+            in them, and ``bl.solve`` returns models (``problem.models``).
         outer_data, inner_data: pytrees of arrays whose leaves share a leading sample axis, or
             ``None`` for a deterministic level (then ``batch`` is ``None``).
         x_set: a ``bl.sets`` constraint set for ``x`` (``None`` = unconstrained). An ``x0``
@@ -88,7 +136,8 @@ class BilevelProblem(_ProblemCopies):
         TypeError / ValueError: at construction, naming the offending argument, when ``f`` or
             ``g`` is not callable, does not accept ``(x0, y0, batch)``, is not scalar-valued; when
             the data leaves disagree on the sample count; when data, ``x0`` or ``y0`` hold
-            non-finite values or non-float starts.
+            non-finite values, when ``x0`` or ``y0`` hold no float array, or an array of
+            another dtype (integer, bool, complex: named by its key path).
     """
 
     outer: Callable[..., Any]
@@ -142,8 +191,7 @@ class BilevelProblem(_ProblemCopies):
                     f"BilevelProblem({arg}=...) must be a function fn(x, y, batch) -> scalar, "
                     f"got {type(getattr(self, arg)).__name__}."
                 )
-        x0 = as_float_tree(self.x0, "x0")
-        y0 = as_float_tree(self.y0, "y0")
+        x0, y0 = self._split_models("BilevelProblem", at=0)
         object.__setattr__(self, "x0", x0)
         object.__setattr__(self, "y0", y0)
         for arg in ("outer_data", "inner_data"):
@@ -197,22 +245,72 @@ def start_in_x_set(x_set, x0: PyTree, owner: str = "BilevelProblem") -> PyTree:
     return x_set.project(x0)
 
 
-def as_float_tree(tree: PyTree, arg: str, owner: str = "BilevelProblem") -> PyTree:
-    leaves = jax.tree.leaves(tree)
-    if not leaves:
-        raise ValueError(f"{owner}({arg}=...) holds no arrays; give at least one array.")
-    out = []
-    for leaf in leaves:
-        arr = jnp.asarray(leaf)
-        if not jnp.issubdtype(arr.dtype, jnp.floating):
-            if jnp.issubdtype(arr.dtype, jnp.integer) or arr.dtype == bool:
-                arr = arr.astype(jnp.result_type(float))
-            else:
-                raise TypeError(
-                    f"{owner}({arg}=...) leaves must be real arrays, got dtype {arr.dtype}."
-                )
-        out.append(arr)
-    return jax.tree.unflatten(jax.tree.structure(tree), out)
+def is_parameter(leaf) -> bool:
+    """Whether a leaf of ``x0`` / ``y0`` is optimised: a JAX or NumPy array of a float dtype
+    (equinox's ``is_inexact_array``, whose complex arrays no method here supports)."""
+    return isinstance(leaf, jax.Array | np.ndarray | np.generic) and jnp.issubdtype(
+        leaf.dtype, jnp.floating
+    )
+
+
+def split_model(
+    tree: PyTree, arg: str, owner: str = "BilevelProblem"
+) -> tuple[PyTree, PyTree | None]:
+    """``(params, static)``, as ``eqx.partition(tree, eqx.is_inexact_array)``: ``params`` is
+    ``tree`` with ``None`` in place of every leaf that is not a float array, ``static`` the
+    reverse (or ``None`` when every leaf is a float array). Arrays of another dtype are refused
+    with their key path: an integer array cannot be optimised, nor (here) a complex one."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    for path, leaf in leaves:
+        if isinstance(leaf, jax.Array | np.ndarray | np.generic) and not is_parameter(leaf):
+            where = jax.tree_util.keystr(path) or "(root)"
+            raise TypeError(
+                f"{owner}({arg}=...) leaf {where} is an array of dtype {leaf.dtype}, which "
+                "cannot be optimised: only float arrays are parameters. Cast it to float "
+                "(jnp.asarray(a, float)) to optimise it, or keep it out of the tree (a static "
+                "field, eqx.field(static=True), or a constant your functions close over)."
+            )
+    if not any(is_parameter(leaf) for _, leaf in leaves):
+        raise ValueError(
+            f"{owner}({arg}=...) holds no float array to optimise (Python ints and floats are "
+            "constants, as in equinox); give at least one, e.g. jnp.asarray(1.0)."
+        )
+    params = [jnp.asarray(a) if is_parameter(a) else None for _, a in leaves]
+    static = [None if is_parameter(a) else a for _, a in leaves]
+    static_tree = None if all(a is None for a in static) else treedef.unflatten(static)
+    return treedef.unflatten(params), static_tree
+
+
+def _parameters(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda a: a if is_parameter(a) else None, tree)
+
+
+def combine(params: PyTree, static: PyTree | None) -> PyTree:
+    """The tree of :func:`split_model`'s parts (``eqx.combine``); ``params`` may carry leading
+    axes (seeds), and a whole model in their place comes back unchanged."""
+    if static is None:
+        return params
+    return jax.tree.map(
+        lambda p, s: s if p is None else p, params, static, is_leaf=lambda a: a is None
+    )
+
+
+class OnModels:
+    """``fn`` (``outer``, ``inner`` or ``metrics``) as the solvers call it: with parameter trees
+    ``x`` and ``y`` at positions ``at`` and ``at + 1``, which it completes into the user's models
+    (:func:`combine` with ``x_static`` and ``y_static``) before calling ``fn``. Compared by
+    identity, as a function is (it is static data of the problem's pytree)."""
+
+    def __init__(self, fn: Callable, x_static: PyTree, y_static: PyTree, at: int):
+        self.fn, self.x_static, self.y_static, self.at = fn, x_static, y_static, at
+
+    def __call__(self, *args):
+        args, i = list(args), self.at
+        args[i], args[i + 1] = combine(args[i], self.x_static), combine(args[i + 1], self.y_static)
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"OnModels({self.fn!r})"
 
 
 def check_finite(tree: PyTree, arg: str, owner: str = "BilevelProblem") -> None:

@@ -37,7 +37,7 @@ from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
-from .problem import BilevelProblem, ProblemKindError
+from .problem import BilevelProblem, OnModels, ProblemKindError
 from .solvers.base import Solver
 
 PyTree = Any
@@ -85,7 +85,8 @@ class Result(_Outcome):
 
     Attributes:
         x, y: final iterates (the solver's estimate of y*(x) for y); with ``seeds=`` they carry
-            a leading seed axis. For a seed that diverged, its last finite iterates.
+            a leading seed axis. For a seed that diverged, its last finite iterates. Models
+            (``x0`` or ``y0`` an ``equinox.Module``) come back as models whose arrays carry it.
         history: one row per (seed, evaluation): ``seed, step, samples, samples_outer,
             samples_inner, oracle_calls``, the calls by kind, ``seconds`` (solver time only,
             cumulative) and the metrics: ``outer_loss``, ``inner_grad_norm``, the problem's own,
@@ -180,7 +181,7 @@ def _make_eval(batched: bool):
 def _make_init(batched: bool, init=None):
     def start(solver, problem, key):
         if init is not None:  # a random start per seed, drawn from its own key
-            x0, y0 = init(jax.random.fold_in(key, 0x5EED))
+            x0, y0 = problem.parameters(*init(jax.random.fold_in(key, 0x5EED)))
             problem = problem.with_start(problem.project_x(x0), y0)
         return solver.init(problem, key)
 
@@ -353,7 +354,10 @@ def _signature(
     children, _ = problem.tree_flatten()
     leaves, treedef = jax.tree.flatten(children)
     h.update(str(treedef).encode())  # structure only: function reprs hold memory addresses
+    if any(part is not None for part in problem.model_parts):  # a model's functions, ...
+        h.update(_strip_addresses(repr(problem.model_parts)).encode())
     for fn in (problem.outer, problem.inner, problem.metrics, init):
+        fn = fn.fn if isinstance(fn, OnModels) else fn  # the user's own function
         code = getattr(fn, "__code__", None)
         h.update(
             repr((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))).encode()
@@ -911,7 +915,7 @@ class _Run:
         return [s for s, ok in zip(self.history.seeds, self.history.alive, strict=True) if not ok]
 
     def result(self, state, resumed: bool) -> Result:
-        x, y = self.solver.output(state)
+        x, y = self.problem.models(*self.solver.output(state))
         diverged = self.diverged_seeds()
         return Result(
             x=x,

@@ -29,7 +29,6 @@ import numpy as np
 from ..problem import (
     BilevelProblem,
     _ProblemCopies,
-    as_float_tree,
     check_finite,
     check_metrics_output,
     check_scalar_output,
@@ -57,7 +56,8 @@ class OnlineProblem(_ProblemCopies):
         inner: ``g(t, x, y, batch) -> scalar``, round t's lower-level loss, strongly convex in
             ``y`` (every method here assumes it).
         horizon: T, the number of rounds (a positive int).
-        x0, y0: the committed decisions of round 1 (x_1, y_1), any pytrees of floating arrays.
+        x0, y0: the committed decisions of round 1 (x_1, y_1): pytrees of float arrays, or
+            models with other leaves too (an ``equinox.Module``), as in ``BilevelProblem``.
         x_set: a ``bl.sets`` constraint set X for x (``None`` = unconstrained); an ``x0``
             outside it is projected with a ``UserWarning``, as in ``BilevelProblem``.
         outer_data, inner_data: per-round data of each level: ``None`` (deterministic; ``batch``
@@ -136,8 +136,7 @@ class OnlineProblem(_ProblemCopies):
                     f"(t the round), got {type(getattr(self, arg)).__name__}."
                 )
         object.__setattr__(self, "horizon", _check_horizon(self.horizon))
-        x0 = as_float_tree(self.x0, "x0", _OWNER)
-        y0 = as_float_tree(self.y0, "y0", _OWNER)
+        x0, y0 = self._split_models(_OWNER, at=1)
         check_finite(x0, "x0", _OWNER)
         check_finite(y0, "y0", _OWNER)
         object.__setattr__(self, "x0", x0)

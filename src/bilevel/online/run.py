@@ -366,6 +366,7 @@ class _OnlineRun(_Run):
                 lambda a: a[0], (xs, ys, terms, regret, x, y)
             )
             state = jax.tree.map(lambda a: a[0], state)
+        (x, y), (xs, ys) = self.problem.models(x, y), self.problem.models(xs, ys)
         history = pd.DataFrame(self.history.rows).rename(columns={"step": "round"})
         diverged = self.diverged_seeds()
         return OnlineResult(
