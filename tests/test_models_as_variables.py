@@ -346,5 +346,13 @@ def test_an_integer_array_leaf_is_refused_by_its_path():
 
 
 def test_a_start_without_float_arrays_is_refused():
+    # a model (here: a function beside a Python float) needs a float array to optimise ...
     with pytest.raises(ValueError, match=r"y0=.*no float array.*Python ints and floats"):
-        _x_problem(_mlp(), _model_forward).replace(y0={"lam": 1.0})
+        _x_problem(_mlp(), _model_forward).replace(y0={"lam": 1.0, "link": jnp.tanh})
+
+
+def test_a_tree_of_numbers_is_all_parameters_as_before():
+    # ... while a plain tree of numbers keeps the library's rule: every leaf is a parameter,
+    # Python scalars and integer arrays cast to float (no model, so no equinox semantics)
+    x0, static = bl.problem.split_model({"lam": 1.0, "k": np.arange(2)}, "x0")
+    assert static is None and x0["lam"].dtype == jnp.float64 and x0["k"].dtype == jnp.float64

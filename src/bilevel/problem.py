@@ -258,9 +258,17 @@ def split_model(
 ) -> tuple[PyTree, PyTree | None]:
     """``(params, static)``, as ``eqx.partition(tree, eqx.is_inexact_array)``: ``params`` is
     ``tree`` with ``None`` in place of every leaf that is not a float array, ``static`` the
-    reverse (or ``None`` when every leaf is a float array). Arrays of another dtype are refused
-    with their key path: an integer array cannot be optimised, nor (here) a complex one."""
+    reverse (or ``None`` when every leaf is a float array).
+
+    A tree made only of numbers (arrays and Python scalars, the usual ``x0``) is all
+    parameters: integer and bool leaves and Python scalars are cast to float, as the library
+    always did. Only a tree holding something else (a function, a string, a Python bool: a
+    model) follows
+    equinox's rule; its integer or complex arrays are then refused with their key path, since
+    they cannot be optimised and would otherwise silently become constants."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    if all(_is_number(leaf) for _, leaf in leaves):
+        return _as_float_tree(tree, arg, owner), None
     for path, leaf in leaves:
         if isinstance(leaf, jax.Array | np.ndarray | np.generic) and not is_parameter(leaf):
             where = jax.tree_util.keystr(path) or "(root)"
@@ -279,6 +287,30 @@ def split_model(
     static = [None if is_parameter(a) else a for _, a in leaves]
     static_tree = None if all(a is None for a in static) else treedef.unflatten(static)
     return treedef.unflatten(params), static_tree
+
+
+def _is_number(leaf) -> bool:
+    """An array or a Python int/float; a Python bool is a flag (equinox's ``inference=False``
+    of a dropout layer), which marks the tree as a model."""
+    if isinstance(leaf, bool):
+        return False
+    return isinstance(leaf, jax.Array | np.ndarray | np.generic | int | float)
+
+
+def _as_float_tree(tree: PyTree, arg: str, owner: str) -> PyTree:
+    """Every leaf of a tree of numbers as a float array (integers and bools cast)."""
+    if not jax.tree.leaves(tree):
+        raise ValueError(f"{owner}({arg}=...) holds no arrays; give at least one array.")
+
+    def as_float(leaf):
+        arr = jnp.asarray(leaf)
+        if jnp.issubdtype(arr.dtype, jnp.floating):
+            return arr
+        if jnp.issubdtype(arr.dtype, jnp.integer) or arr.dtype == bool:
+            return arr.astype(jnp.result_type(float))
+        raise TypeError(f"{owner}({arg}=...) leaves must be real arrays, got dtype {arr.dtype}.")
+
+    return jax.tree.map(as_float, tree)
 
 
 def _parameters(tree: PyTree) -> PyTree:
