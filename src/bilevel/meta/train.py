@@ -167,8 +167,8 @@ def meta_train(
             needs.
         eval_tasks: meta-test tasks of every evaluation, the same ones each time (default 600,
             the paper's count).
-        key: the run's PRNG key: split into the learner's init key, the training keys (one per
-            step) and the meta-test tasks' keys.
+        key: the run's PRNG key: split into the learner's init key, the training key (step k
+            uses ``fold_in(training key, k)``) and the meta-test tasks' keys.
         time_limit: stop once the training time (the history's ``seconds``) reaches this many
             seconds, after an evaluation of the last state; None (default) runs all ``steps``.
         log: called with one line per evaluation and with the reason of an early stop; None is
@@ -193,10 +193,9 @@ def meta_train(
     say = log if log is not None else (lambda _: None)
     init_key, train_key, eval_key = jax.random.split(key, 3)
     state = learner.init(backbone, ways, init_key)
-    step_keys = jax.random.split(train_key, steps)
 
     start = time.perf_counter()
-    step_fn = _compile_step(learner, train_sampler, state, step_keys[0])
+    step_fn = _compile_step(learner, train_sampler, state, train_key)
     compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     evaluate = _compile_evaluator(learner, test_sampler, eval_tasks, eval_key, state)
@@ -222,7 +221,7 @@ def meta_train(
     eval_seconds += record(0, state)
     stopped = None
     for k in range(steps):
-        step_key = step_keys[k]
+        step_key = jax.random.fold_in(train_key, k)  # no (steps,) key array: steps may be huge
         start = time.perf_counter()
         new_state, loss = jax.block_until_ready(step_fn(state, step_key))
         seconds += time.perf_counter() - start
