@@ -104,6 +104,10 @@ class _InnerLoopLearner:
         check_count(f"{owner}(test_inner_steps=...)", self.test_inner_steps)
         check_learning_rate(f"{owner}(outer_lr=...)", self.outer_lr)
 
+    #: run the tasks of a meta-batch one after another (:func:`~bilevel.meta.common.per_task`):
+    #: True where each task adapts the backbone itself (MAML), so the tasks' weights differ
+    sequential_tasks: ClassVar[bool] = False
+
     def _adapt_task(self, theta: MetaParams, task, steps: int):
         raise NotImplementedError
 
@@ -129,7 +133,7 @@ class _InnerLoopLearner:
             head, query_features = self._adapt_task(theta, task, self.inner_steps)
             return head_loss(head, query_features, task.query_labels)
 
-        return task_mean(task_loss, theta, episodes)
+        return task_mean(task_loss, theta, episodes, self.sequential_tasks)
 
     def step(self, state: MAMLState, episodes, key: jax.Array) -> tuple[MAMLState, jax.Array]:
         """One Adam step on :meth:`meta_loss`'s gradient. ``key`` is unused (no randomness)."""
@@ -143,7 +147,8 @@ class _InnerLoopLearner:
         def logits(theta, task):
             return head_logits(*self._adapt_task(theta, task, self.test_inner_steps))
 
-        return per_task(logits, MetaParams(state.params, state.head), episodes)
+        theta = MetaParams(state.params, state.head)
+        return per_task(logits, theta, episodes, self.sequential_tasks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +174,8 @@ class MAML(_InnerLoopLearner):
     test_inner_steps: int = 5
     outer_lr: Any = 3e-4
     first_order: bool = False
+
+    sequential_tasks: ClassVar[bool] = True  # every task adapts its own copy of the backbone
 
     def __post_init__(self):
         super().__post_init__()

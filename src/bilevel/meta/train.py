@@ -42,6 +42,7 @@ class MetaTrace(NamedTuple):
     compile_seconds: float  # compiling the training step (not counted in ``seconds``)
     eval_seconds: float  # every meta-test evaluation, its compilation included (not counted)
     stopped: str | None  # why training ended before ``steps`` (None: all steps ran)
+    final: tuple[float, float] | None = None  # (mean, ci95) on ``final_eval_tasks`` tasks
 
 
 def mean_ci95(per_task_accuracies) -> tuple[float, float]:
@@ -146,6 +147,7 @@ def meta_train(
     eval_every: int,
     eval_every_seconds: float | None = None,
     eval_tasks: int = 600,
+    final_eval_tasks: int | None = None,
     key: jax.Array,
     time_limit: float | None = None,
     log: Callable[[str], Any] | None = print,
@@ -167,6 +169,10 @@ def meta_train(
             needs.
         eval_tasks: meta-test tasks of every evaluation, the same ones each time (default 600,
             the paper's count).
+        final_eval_tasks: evaluate the last state once more on this many tasks (drawn from
+            their own keys) into :attr:`MetaTrace.final`; None (default) does not. Lets a run
+            whose method adapts slowly at meta-test (MAML) follow its curve on fewer tasks and
+            still report the paper's 600 at the end.
         key: the run's PRNG key: split into the learner's init key, the training key (step k
             uses ``fold_in(training key, k)``) and the meta-test tasks' keys.
         time_limit: stop once the training time (the history's ``seconds``) reaches this many
@@ -183,6 +189,15 @@ def meta_train(
         ``state`` is the last state whose loss was finite.
     """
     _check_args(train_sampler, test_sampler, ways, steps, eval_every, eval_tasks, time_limit)
+    if final_eval_tasks is not None and (
+        isinstance(final_eval_tasks, bool)
+        or not isinstance(final_eval_tasks, int)
+        or final_eval_tasks < 2
+    ):
+        raise ValueError(
+            f"meta_train(final_eval_tasks=...) must be None or an int >= 2, got "
+            f"{final_eval_tasks!r}."
+        )
     if eval_every_seconds is not None and not (
         isinstance(eval_every_seconds, int | float) and eval_every_seconds > 0
     ):
@@ -241,4 +256,15 @@ def meta_train(
             say(f"{learner.name}: stopped: {stopped}")
             break
     history = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
-    return MetaTrace(state, history, compile_seconds, eval_seconds, stopped)
+    final = None
+    if final_eval_tasks is not None:
+        start = time.perf_counter()
+        final_key = jax.random.fold_in(eval_key, final_eval_tasks)
+        final_eval = _compile_evaluator(learner, test_sampler, final_eval_tasks, final_key, state)
+        final = mean_ci95(final_eval(state))
+        eval_seconds += time.perf_counter() - start
+        say(
+            f"{learner.name} final: test accuracy {100 * final[0]:.2f} +- {100 * final[1]:.2f} % "
+            f"({final_eval_tasks} tasks)"
+        )
+    return MetaTrace(state, history, compile_seconds, eval_seconds, stopped, final)
