@@ -37,6 +37,7 @@ STAND_INS = {
     ),
     "f2obo-oscillating": (),
     "f2obo-imbalanced": ("SUBSTITUTE: scikit-learn digits",),
+    "pzobo-meta": ("SUBSTITUTE: scikit-learn digits (1797 8x8 images upsampled to 32x32",),
     "f2obo-online-hpo": (
         "SUBSTITUTE: scikit-learn digits (64 pixel features",
         "training pool 1078, validation pool 360, test 359) stands in for 20 Newsgroups",
