@@ -283,7 +283,9 @@ def _setting_table(setting: MetaSetting, data) -> dict:
         "data": data.name,
         "tasks": f"{data.ways}-way {SHOTS}-shot, {QUERIES} queries per class",
         "training seconds per method": setting.train_seconds,
-        "meta-test tasks": setting.eval_tasks,
+        "meta-test tasks": (
+            f"{setting.eval_tasks} per evaluation, {setting.final_eval_tasks} at the end"
+        ),
         "CNN4 filters": setting.hidden,
         "thresholds": ", ".join(f"{100 * t:.0f}%" for t in setting.thresholds),
     }
@@ -356,7 +358,7 @@ def judge(histories, finals: dict, setting, ways: int, quick: bool) -> list[Clai
         Claim(
             "the gap over MAML and ANIL grows with network size (ResNet-12 vs CNN4)",
             "larger with ResNet-12",
-            "not measured: ResNet-12 is not trained on this CPU (command in docs/reproduction.md)",
+            "not measured: ResNet-12 is not trained on this CPU (command in docs/meta_learning.md)",
             "n/a (not run)",
         ),
     ]
