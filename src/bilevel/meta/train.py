@@ -183,8 +183,9 @@ def meta_train(
     Returns:
         :class:`MetaTrace`: the final state and the history, one row per evaluation with
         ``step``, ``seconds`` (training wall time so far: compilation and evaluation excluded),
-        ``train_loss`` (mean query loss of the meta-batches since the previous row, NaN before
-        training), ``test_accuracy`` (mean over the tasks, a fraction) and ``test_ci95``. A
+        ``train_loss`` (mean query loss of the meta-batches since the previous row, each at the
+        state before its update; at step 0 the first meta-batch's loss at the initial state, NaN
+        if no step ran), ``test_accuracy`` (mean over the tasks, a fraction) and ``test_ci95``. A
         non-finite training loss stops the run with a message; the history so far is kept and
         ``state`` is the last state whose loss was finite.
     """
@@ -247,6 +248,8 @@ def meta_train(
             break
         state = new_state
         losses.append(loss)
+        if k == 0:  # the first step's loss was taken at the initial state: row 0's
+            rows[0]["train_loss"] = loss
         if time_limit is not None and seconds >= time_limit and k + 1 < steps:
             stopped = f"time limit of {time_limit} training seconds reached after step {k + 1}"
         due = eval_every_seconds is not None and seconds - rows[-1]["seconds"] >= eval_every_seconds
