@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+from test_data_idx import make_split
 
 from bilevel import data
 from bilevel.meta.datasets import MINIIMAGENET_MEAN, MINIIMAGENET_STD, few_shot_data
@@ -65,7 +66,35 @@ def test_digits_stand_in(digits_only):
     assert "convert_miniimagenet_to_npz" in d.note and "not new classes" in d.note
 
 
+def test_fashion_mnist_stand_in_from_user_files(tmp_path, monkeypatch):
+    """The Fashion-MNIST path on any machine: tiny IDX files in $BILEVEL_DATA/fashion-mnist
+    (read even with system data ignored), so it runs where the Debian package is missing."""
+    (tmp_path / "fashion-mnist").mkdir()
+    train_images, train_labels = make_split(tmp_path / "fashion-mnist", "train", 300, 1, gz=False)
+    _, test_labels = make_split(tmp_path / "fashion-mnist", "t10k", 120, 2, gz=False)
+    monkeypatch.setenv("BILEVEL_DATA", str(tmp_path))
+    monkeypatch.setenv("BILEVEL_IGNORE_SYSTEM_DATA", "1")
+    monkeypatch.delenv("BILEVEL_TRUST_PICKLE", raising=False)
+    d = few_shot_data(log=lambda _: None)
+    assert d.name == "Fashion-MNIST" and d.ways == 4
+    assert d.train.class_names == data.FASHION_MNIST_CLASSES[:6]
+    assert d.test.class_names == data.FASHION_MNIST_CLASSES[6:]
+    # meta-train and meta-test from the train file, meta-validation from the t10k file
+    train_counts, test_counts = np.bincount(train_labels), np.bincount(test_labels)
+    np.testing.assert_array_equal(d.train.counts(), train_counts[:6])
+    np.testing.assert_array_equal(d.test.counts(), train_counts[6:])
+    np.testing.assert_array_equal(d.val.counts(), test_counts[:6])
+    assert d.train.images.shape[1:] == (1, 32, 32)
+    # the padding is 2 zero pixels per side, normalised with meta-train statistics
+    padded = np.pad(train_images[train_labels < 6] / 255.0, ((0, 0), (2, 2), (2, 2)))
+    want = (padded - padded.mean()) / padded.std()
+    np.testing.assert_allclose(d.train.images[:, 0], want, atol=1e-5)  # rows keep file order
+    assert "SUBSTITUTE: Fashion-MNIST" in d.note and "Shirt, Sneaker, Bag, Ankle boot" in d.note
+
+
 def test_fashion_mnist_stand_in(monkeypatch):
+    """The installed Debian files (skipped where the package is not installed: the same code
+    path is covered on any machine by the test above)."""
     monkeypatch.delenv("BILEVEL_DATA", raising=False)
     monkeypatch.delenv("BILEVEL_IGNORE_SYSTEM_DATA", raising=False)
     try:
