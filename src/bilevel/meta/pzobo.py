@@ -52,6 +52,7 @@ from .._tree import tree_axpy, tree_sub, tree_vdot
 from ..schedules import check_step_size, step_size
 from ..solvers.base import OUTER_OPTIMIZERS, check_optimizer, optimizer_transform
 from ..solvers.pzobo import DIRECTIONS, INNER_OPTIMIZERS, sample_directions
+from .common import check_backbone, check_count, feature_dim, feature_dtype
 from .heads import LOSSES, LinearHead, fit_head, head_logits, head_loss, zeros_head
 
 PyTree = Any
@@ -168,9 +169,7 @@ class PZOBOMeta:
 
     def __post_init__(self) -> None:
         for fld in ("inner_steps", "num_directions"):
-            value = getattr(self, fld)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PZOBOMeta({fld}=...) must be a positive int, got {value!r}.")
+            check_count(f"PZOBOMeta({fld}=...)", getattr(self, fld))
         for fld in ("lr_inner", "reg", "smoothing"):
             value = getattr(self, fld)
             ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -199,25 +198,11 @@ class PZOBOMeta:
         ``key`` is unused (nothing is random at initialisation); it is part of the contract.
         """
         del key
-        leaves = jax.tree.leaves(backbone)
-        if not leaves or not all(
-            isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.floating)
-            for leaf in leaves
-        ):
-            raise ValueError(
-                "PZOBOMeta.init(backbone=...) needs a pytree whose leaves are all float arrays "
-                "(perturbing phi + mu u needs every leaf); build the backbone with "
-                "bilevel.meta.backbones or keep non-array fields static (eqx.field(static=True))."
-            )
-        if isinstance(ways, bool) or not isinstance(ways, int) or ways < 2:
-            raise ValueError(f"PZOBOMeta.init(ways=...) must be an int >= 2, got {ways!r}.")
-        feature_dim = getattr(backbone, "feature_dim", None)
-        if not isinstance(feature_dim, int):
-            raise ValueError(
-                "PZOBOMeta.init(backbone=...) needs an int attribute feature_dim (the head's "
-                "input size), as bilevel.meta.backbones' models have."
-            )
-        head0 = zeros_head(ways, feature_dim, jnp.result_type(*leaves))
+        if not jax.tree.leaves(backbone):  # phi + mu u needs a direction to draw
+            raise ValueError("PZOBOMeta.init(backbone=...) has no float arrays to perturb.")
+        check_backbone("PZOBOMeta", backbone)
+        check_count("PZOBOMeta.init(ways=...)", ways, minimum=2)
+        head0 = zeros_head(ways, feature_dim("PZOBOMeta", backbone), feature_dtype(backbone))
         opt_state = optimizer_transform(self.outer_optimizer).init(backbone)
         return PZOBOMetaState(backbone, head0, opt_state, jnp.zeros((), jnp.int32))
 
