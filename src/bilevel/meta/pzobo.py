@@ -51,7 +51,7 @@ import optax
 from .._tree import tree_axpy, tree_sub, tree_vdot
 from ..schedules import check_step_size, step_size
 from ..solvers.base import OUTER_OPTIMIZERS, check_optimizer, optimizer_transform
-from ..solvers.pzobo import DIRECTIONS, INNER_OPTIMIZERS, sample_directions
+from ..solvers.pzobo import DIRECTIONS, INNER_OPTIMIZERS, combine_directions, sample_directions
 from .common import check_backbone, check_count, feature_dim, feature_dtype
 from .heads import LOSSES, LinearHead, fit_head, head_logits, head_loss, zeros_head
 
@@ -288,8 +288,7 @@ class PZOBOMeta:
             coeffs = jax.vmap(coefficient)(u)
         else:
             coeffs = jax.lax.map(coefficient, u)
-        weights = (scale / coeffs.shape[0]) * coeffs
-        indirect = jax.tree.map(lambda leaf: jnp.tensordot(weights, leaf, axes=1), u)
+        indirect = combine_directions(coeffs, u, scale)
         grad = jax.tree.map(lambda a, b: a + b.astype(a.dtype), grad_phi, indirect)
         return MetaGradient(grad, loss, heads)
 

@@ -83,6 +83,7 @@ __all__ = [
     "DIRECTIONS",
     "INNER_OPTIMIZERS",
     "sample_directions",
+    "combine_directions",
     "auto_smoothness",
     "PathDifferenceState",
     "PathDifferenceSolver",
@@ -126,6 +127,13 @@ def sample_directions(key: jax.Array, x: PyTree, num: int, mode: str) -> tuple[P
     if mode == "sphere_unscaled_per_tensor":
         u = jax.tree.map(_unit_rows, u)
     return u, scale
+
+
+def combine_directions(coeffs: jax.Array, u: PyTree, scale) -> PyTree:
+    """``(c / Q) sum_j coeffs_j u_j``: the estimate's indirect term (eq. 5 / eq. 7), shaped
+    like one direction; Q is ``len(coeffs)``, ``u`` has the directions on its leading axis."""
+    weights = (scale / coeffs.shape[0]) * coeffs
+    return jax.tree.map(lambda leaf: jnp.tensordot(weights, leaf, axes=1), u)
 
 
 def auto_smoothness(problem: BilevelProblem) -> float:
@@ -280,9 +288,7 @@ class PathDifferenceSolver(Solver):
     def hypergradient(self, problem: BilevelProblem, mb, x, y_init, lr, u, scale):
         """``direct + (c / Q) sum_j coeffs_j u_j`` (eq. 5 / eq. 7) and y^N."""
         coeffs, direct, y_n = self.coefficients(problem, mb, x, y_init, lr, u)
-        weights = (scale / self.num_directions) * coeffs
-        indirect = jax.tree.map(lambda leaf: jnp.tensordot(weights, leaf, axes=1), u)
-        return jax.tree.map(jnp.add, direct, indirect), y_n
+        return jax.tree.map(jnp.add, direct, combine_directions(coeffs, u, scale)), y_n
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self, problem: BilevelProblem, state: PathDifferenceState) -> PathDifferenceState:
