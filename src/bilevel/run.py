@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from . import parallel
+from . import parallel, wide_dots
 from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
@@ -110,6 +110,9 @@ class Result(_Outcome):
 #: crossed Linux's default limit of 65,530 mappings and crashed inside LLVM)
 _COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 MAX_COMPILED = 256
+#: the programs that run solver steps (``solve``'s chunk, ``solve_online``'s rounds): compiled
+#: through :func:`bilevel.wide_dots.keep_wide_dots` on CPU
+_STEP_PROGRAMS = ("chunk", ("online-rounds",))
 
 
 def _aval_key(tree: PyTree):
@@ -211,8 +214,10 @@ def _compiled(
     ``kind`` other than "chunk", "eval" and "init"; ``kind`` (any hashable) must then name
     everything static the program depends on, since it is the cache key. ``mesh``
     (``solve(devices=...)``): the program is traced with every minibatch split over it
-    (:mod:`bilevel.parallel`) and returns its outputs replicated on it.
+    (:mod:`bilevel.parallel`) and returns its outputs replicated on it. On CPU without a mesh,
+    the step programs are compiled through :func:`bilevel.wide_dots.keep_wide_dots`.
     """
+    rewrite = kind in _STEP_PROGRAMS and wide_dots.enabled(mesh)
     key = (
         kind,
         length,
@@ -223,6 +228,7 @@ def _compiled(
         _aval_key(state),
         init,
         mesh,
+        rewrite,
     )
     fn = _COMPILED.get(key)
     if fn is not None:
@@ -238,6 +244,8 @@ def _compiled(
             raw = _make_init(batched, init)
         if over_grid:
             raw = _over_grid(raw, kind, solver, problem, state)
+        if rewrite:
+            raw = wide_dots.keep_wide_dots(raw)
         out = {} if mesh is None else {"out_shardings": parallel.replicated(mesh)}
         with parallel.use_mesh(mesh):
             fn = jax.jit(raw, **out).lower(solver, problem, state).compile()

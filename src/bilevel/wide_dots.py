@@ -1,0 +1,149 @@
+"""Keep wide matrix products wide on XLA:CPU: the weight gradient of a linear layer.
+
+Reverse-mode AD computes the gradient of ``X @ W`` (``X``: a minibatch ``(b, d)``, ``W``:
+``(d, c)`` with few outputs ``c``) as ``transpose(D^T X)``: a product with a wide ``(c, d)``
+output, then a transpose. XLA's algebraic simplifier folds the transpose into the product, which
+then has a narrow ``(d, c)`` output, and XLA:CPU's matrix kernels run that shape 2-3x slower
+(measured with jax 0.10.2 on a 2-core x86 CPU: 42 against 19 us for ``d`` 784, ``c`` 10,
+``b`` 64; ``docs/performance.md``). Every softmax / logistic regression and every network's last
+layer has this pattern.
+
+:func:`keep_wide_dots` re-traces a function's jaxpr (recursing into ``scan``, ``while``,
+``cond``, ``jit`` and the custom-derivative calls) and puts an ``optimization_barrier`` on the
+output of each rank-2 product that is wide (output ``(m, n)`` with ``2 m <= n``) and is
+transposed afterwards: the barrier is an identity that XLA may not look through, so the
+product keeps its fast shape and the transpose stays a separate copy of ``m n`` numbers. Values
+are those of the original program up to floating-point summation order.
+
+``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
+mesh) after all differentiation has happened: the rewritten program is compiled, never
+differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax import lax
+from jax.extend import core as jcore
+
+__all__ = ["keep_wide_dots", "enabled"]
+
+_log = logging.getLogger(__name__)
+
+#: primitives whose jaxpr parameters are rewritten too (any other primitive is bound as it is)
+_HIGHER_ORDER = frozenset(
+    {
+        "scan",
+        "while",
+        "cond",
+        "pjit",
+        "jit",
+        "closed_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "checkpoint",
+        "remat",
+    }
+)
+
+
+def enabled(mesh=None) -> bool:
+    """Whether ``bl.solve`` rewrites its chunk: on the CPU backend, without a device mesh, and
+    unless ``BILEVEL_WIDE_DOTS=0``."""
+    if os.environ.get("BILEVEL_WIDE_DOTS", "1") == "0" or mesh is not None:
+        return False
+    return jax.default_backend() == "cpu"
+
+
+def keep_wide_dots(fn: Callable) -> Callable:
+    """``fn`` with a barrier after every wide, transposed rank-2 product (module docstring).
+
+    The returned function traces ``fn`` to a jaxpr at each call (so it is meant to be called
+    under ``jax.jit``) and evaluates the rewritten jaxpr. If the rewrite fails (a primitive it
+    cannot re-bind), it logs why and evaluates ``fn`` unchanged: it is a speed-up, never a
+    reason for a program to fail.
+    """
+
+    def rewritten(*args):
+        flat, treedef = jax.tree.flatten(args)
+        closed, out_shape = jax.make_jaxpr(
+            lambda *leaves: fn(*jax.tree.unflatten(treedef, leaves)), return_shape=True
+        )(*flat)
+        try:
+            outs = _evaluate(closed.jaxpr, closed.consts, flat)
+        except Exception as err:  # noqa: BLE001  (a speed-up must never break a program)
+            _log.info("keep_wide_dots: left %s unchanged (%s)", getattr(fn, "__name__", fn), err)
+            return fn(*args)
+        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+    return rewritten
+
+
+def _transposed_vars(jaxpr) -> set:
+    """The variables that some equation of ``jaxpr`` transposes."""
+    return {
+        v
+        for eqn in jaxpr.eqns
+        if eqn.primitive is lax.transpose_p
+        for v in eqn.invars
+        if not isinstance(v, jcore.Literal)
+    }
+
+
+def _is_wide(eqn) -> bool:
+    """A rank-2 product without batch dimensions whose output is at least twice as wide as
+    it is tall."""
+    (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+    shape = eqn.outvars[0].aval.shape
+    ranks = [v.aval.ndim for v in eqn.invars]
+    return not lhs_batch and ranks == [2, 2] and len(shape) == 2 and 2 * shape[0] <= shape[1]
+
+
+def _evaluate(jaxpr, consts, args) -> list:
+    """Evaluate ``jaxpr`` (like ``jax.core.eval_jaxpr``), with barriers after wide products
+    that are transposed and every higher-order primitive's jaxprs rewritten the same way."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    transposed = _transposed_vars(jaxpr)
+    for eqn in jaxpr.eqns:
+        params = eqn.params
+        if eqn.primitive.name in _HIGHER_ORDER:
+            params = {name: _rewrite_param(value) for name, value in params.items()}
+        with eqn.ctx.manager:
+            outs = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(params))
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+            if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):
+                outs = [lax.optimization_barrier(outs[0])]
+        for var, value in zip(eqn.outvars, outs, strict=True):
+            if not isinstance(var, jcore.DropVar):
+                env[var] = value
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _rewrite_param(value):
+    if isinstance(value, jcore.ClosedJaxpr):
+        return _rewrite_closed(value)
+    if isinstance(value, tuple) and value and all(isinstance(v, jcore.ClosedJaxpr) for v in value):
+        return tuple(_rewrite_closed(v) for v in value)
+    return value
+
+
+def _rewrite_closed(closed):
+    """``closed`` re-traced through :func:`_evaluate`, with the same input avals."""
+    avals = [v.aval for v in closed.jaxpr.invars]
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    new = jax.make_jaxpr(lambda *args: _evaluate(closed.jaxpr, closed.consts, args))(*structs)
+    if [v.aval for v in new.jaxpr.invars] != avals:
+        raise TypeError("re-traced jaxpr changed its input types")
+    return new
