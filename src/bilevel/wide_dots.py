@@ -119,12 +119,13 @@ def _evaluate(jaxpr, consts, args) -> list:
         params = eqn.params
         if eqn.primitive.name in _HIGHER_ORDER:
             params = {name: _rewrite_param(value) for name, value in params.items()}
+        bind_params = eqn.primitive.get_bind_params(params)
         with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(params))
+            outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
-            if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):
-                outs = [lax.optimization_barrier(outs[0])]
+        if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):
+            outs = [lax.optimization_barrier(outs[0])]
         for var, value in zip(eqn.outvars, outs, strict=True):
             if not isinstance(var, jcore.DropVar):
                 env[var] = value
