@@ -139,3 +139,13 @@ def test_solve_compiles_its_chunk_through_the_rewrite_on_cpu(monkeypatch):
     # the same run up to summation order
     np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
+
+
+def test_solve_online_compiles_its_rounds_through_the_rewrite():
+    """solve_online's rounds program is one of the step programs rewritten on CPU (its cache key
+    records whether it was)."""
+    problem = bl.problems.drifting_quadratic(dx=2, dy=3, horizon=4)
+    run._COMPILED.clear()
+    bl.solve_online(problem, bl.solvers.make("f2obo"), eval_every=4, progress=False)
+    rewritten = [key[-1] for key in run._COMPILED if key[0] == run.ONLINE_ROUNDS]
+    assert rewritten == [True]

@@ -110,9 +110,11 @@ class Result(_Outcome):
 #: crossed Linux's default limit of 65,530 mappings and crashed inside LLVM)
 _COMPILED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 MAX_COMPILED = 256
+#: the cache kind of ``solve_online``'s rounds program (:mod:`bilevel.online.run`)
+ONLINE_ROUNDS = ("online-rounds",)
 #: the programs that run solver steps (``solve``'s chunk, ``solve_online``'s rounds): compiled
 #: through :func:`bilevel.wide_dots.keep_wide_dots` on CPU
-_STEP_PROGRAMS = ("chunk", ("online-rounds",))
+_STEP_PROGRAMS = ("chunk", ONLINE_ROUNDS)
 
 
 def _aval_key(tree: PyTree):

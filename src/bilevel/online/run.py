@@ -27,6 +27,7 @@ from ..metrics import loss_metrics
 from ..oracles import Counts
 from ..problem import ProblemKindError
 from ..run import (
+    ONLINE_ROUNDS,
     _check_convexity,
     _check_on_divergence,
     _check_seeds,
@@ -304,7 +305,7 @@ class _OnlineRun(_Run):
 
     def _chunk(self, state, stop):
         length = min(self.every, self.steps - self.done)
-        chunk = self._compile(("online-rounds",), state, length, _make_rounds)
+        chunk = self._compile(ONLINE_ROUNDS, state, length, _make_rounds)
         t0 = time.perf_counter()
         new_state, trace, end_finite = jax.block_until_ready(chunk(self.problem, state))
         elapsed = time.perf_counter() - t0
