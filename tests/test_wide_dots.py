@@ -44,6 +44,9 @@ def test_narrow_or_untransposed_products_are_left_alone():
     assert _barriers(wide_dots.keep_wide_dots(lambda W, X: X @ W), W, X) == 0  # narrow output
     # wide but not transposed afterwards: nothing for XLA to fold
     assert _barriers(wide_dots.keep_wide_dots(lambda W, X: W.T @ X.T), W, X) == 0
+    # wide and transposed, but its fold is the fast forward product X W: left to XLA
+    cross = lambda W, X: jax.lax.dot_general(W.T, X, (((1,), (1,)), ((), ()))).T  # noqa: E731
+    assert _barriers(wide_dots.keep_wide_dots(cross), W, X) == 0
     # batched products (vmapped seeds) are a different kernel: left alone
     Ws = jnp.stack([W, W])
     grads = jax.vmap(jax.grad(_cross_entropy), in_axes=(0, None, None))
