@@ -357,6 +357,37 @@ def test_shared_minibatches_make_delta_exact_and_independent_ones_blow_up():
     assert spread_1e2 > 5 * shared.std()
 
 
+@pytest.mark.parametrize("inner_optimizer", ["gd", "adam"])
+def test_joint_scan_of_all_paths_matches_the_paths_run_one_by_one(inner_optimizer):
+    """With shared batches and parallel directions the Q + 1 inner paths run in ONE scan that
+    draws each inner batch once (``joint_paths``); run one after another (``lax.map``,
+    ``inner_path``, each drawing the batch itself) they must give the same y^N and the same
+    coefficients on the same minibatches: float64 round-off, rtol 1e-12 (Adam's state is
+    broadcast to the Q paths and must start fresh in each)."""
+    p = bl.problems.quadratic(stochastic=True, n_samples=500)
+    x = jnp.asarray(np.random.default_rng(2).standard_normal(10))
+    key = jax.random.PRNGKey(5)
+    u, _ = sample_directions(key, x, 3, "gaussian")
+    results = []
+    for parallel in (True, False):
+        solver = bl.solvers.make(
+            "pzobo-s",
+            lr_inner=0.05,
+            batch_size=32,
+            inner_steps=6,
+            num_directions=3,
+            inner_optimizer=inner_optimizer,
+            parallel_directions=parallel,
+        )
+        mb = solver.minibatches(p, key, outer=1, inner=solver.inner_draws)
+        results.append(_coefficients(solver, p, mb, x, p.y0, solver.lr_inner, u))
+    (c_joint, d_joint, y_joint), (c_seq, d_seq, y_seq) = results
+    np.testing.assert_allclose(c_joint, c_seq, rtol=1e-12)
+    np.testing.assert_allclose(y_joint, y_seq, rtol=1e-12)
+    np.testing.assert_allclose(d_joint, d_seq, rtol=1e-12)
+    assert np.abs(np.asarray(c_joint)).min() > 1e-3  # the paths did move apart
+
+
 def test_pzobo_s_is_pzobo_on_deterministic_problems(quad):
     """PZOBO-S changes only defaults: without data it runs the same Algorithm 1 (so PZOBO's
     Done-means on the deterministic quadratic covers it), and "auto" differs: 1/L (Thm 1) vs

@@ -246,6 +246,33 @@ class PathDifferenceSolver(Solver):
         (y, _), _ = jax.lax.scan(body, (y, opt0), jnp.arange(self.inner_steps))
         return y
 
+    def joint_paths(self, problem: BilevelProblem, mb, x, x_pert, y, lr) -> tuple[PyTree, PyTree]:
+        """The unperturbed path at x and the Q perturbed ones at ``x_pert`` (leading axis Q) in
+        ONE scan, ``(y^N, Y^N)``: inner step t draws minibatch t once and every path takes its
+        step on it (Algorithm 2's shared S_{t-1}). The iterates are those of :meth:`inner_path`
+        run per path, which would draw (slice or gather) the same batch Q + 1 times; only for
+        ``shared_batches`` with ``parallel_directions``, where all Q + 1 paths are in memory
+        anyway."""
+        g, transform = problem.inner, self._inner_transform()
+
+        def advance(x_, y_, opt, batch):
+            direction, opt = transform.update(oracles.grad_y(g, x_, y_, batch), opt)
+            return tree_axpy(-lr, direction, y_), opt
+
+        def body(carry, t):
+            here, perturbed = carry
+            batch = mb.inner(t)
+            here = advance(x, *here, batch)
+            perturbed = jax.vmap(advance, in_axes=(0, 0, 0, None))(x_pert, *perturbed, batch)
+            return (here, perturbed), None
+
+        start = (y, transform.init(y))  # fresh and identical for every path (pitfall P2)
+        copies = jax.tree.map(lambda a: jnp.broadcast_to(a, (self.num_directions, *a.shape)), start)
+        ((y_n, _), (y_pert, _)), _ = jax.lax.scan(
+            body, (start, copies), jnp.arange(self.inner_steps)
+        )
+        return y_n, y_pert
+
     # ---- what subclasses define ------------------------------------------------------------
     def _unperturbed(self, problem, batch_f, x, y_n):
         """(direct term of the estimate, context passed to every ``_coefficient``)."""
@@ -267,8 +294,18 @@ class PathDifferenceSolver(Solver):
         before the scale c and the 1/Q average, e.g. ``<delta_j, grad_y f(x, y^N)>`` for PZOBO.
         Every path starts from the same ``y_init`` (pitfall P1).
         """
-        y_n = self.inner_path(problem, mb, x, y_init, lr, 0)
         batch_f = mb.outer(0)  # D_F: one outer draw, independent of the inner draws
+        if self.shared_batches and self.parallel_directions:
+            x_pert = jax.vmap(lambda u_j: tree_axpy(self.smoothing, u_j, x))(u)
+            y_n, y_pert = self.joint_paths(problem, mb, x, x_pert, y_init, lr)
+            direct, context = self._unperturbed(problem, batch_f, x, y_n)
+
+            def coefficient(x_j, y_j):
+                return self._coefficient(problem, batch_f, x_j, y_j, y_n, context)
+
+            return jax.vmap(coefficient)(x_pert, y_pert), direct, y_n
+
+        y_n = self.inner_path(problem, mb, x, y_init, lr, 0)
         direct, context = self._unperturbed(problem, batch_f, x, y_n)
 
         def one(u_j, path):  # path j = 1..Q, at x + mu u_j
