@@ -33,8 +33,9 @@ from __future__ import annotations
 import argparse
 import warnings
 
+import jax
 import numpy as np
-from memory import MB, data_bytes, dim, peak_rss_bytes, rss_bytes, step_memory
+from memory import MB, data_bytes, device_peak_bytes, dim, peak_rss_bytes, rss_bytes, step_memory
 
 import bilevel as bl
 from bilevel import data as bl_data
@@ -95,6 +96,7 @@ def main() -> None:
         "(solver seconds / steps: compilation and evaluations excluded)"
     )
     peak_run = peak_rss_bytes()
+    peak_device = device_peak_bytes()
 
     small = problem(N_TRAIN // 4, args.compute_dtype, real)
     mem, _, _ = step_memory(prob, solver)
@@ -102,7 +104,14 @@ def main() -> None:
     jacobian = (N_TRAIN - N_TRAIN // 4) * dim(prob.y0) * prob.x0.dtype.itemsize
     print(
         f"memory: RSS {rss_start / MB:.0f} MB before the data, {rss_problem / MB:.0f} MB with the "
-        f"problem built, peak {peak_run / MB:.0f} MB over the run (ru_maxrss)\n"
+        f"problem built, peak {peak_run / MB:.0f} MB over the run (ru_maxrss)"
+        + (
+            ""
+            if peak_device is None
+            else f"; {jax.devices()[0].device_kind} peak "
+            f"{peak_device / MB:.0f} MB (its allocator's peak_bytes_in_use)"
+        )
+        + "\n"
         f"XLA, one F2SA step at n = {N_TRAIN:,}: arguments {mem.argument / MB:.1f} MB, output "
         f"{mem.output / MB:.2f} MB, temp {mem.temp / MB:.2f} MB; at n = {N_TRAIN // 4:,}: temp "
         f"{mem_small.temp / MB:.2f} MB. Growth {(mem.temp - mem_small.temp) / MB:.3f} MB for "

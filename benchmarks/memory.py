@@ -75,6 +75,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
 
 
+def device_peak_bytes() -> int | None:
+    """Peak bytes the default accelerator's allocator has held, or ``None`` on CPU (whose
+    arrays live in host memory: the process's peak RSS counts them)."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return None
+    stats = device.memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
 def cleaning(n: int, d: int, classes: int = 10, n_val: int = 500, **options) -> bl.BilevelProblem:
     """Hyper-cleaning on synthetic Gaussian features, n noisy + ``n_val`` clean samples."""
     rng = np.random.default_rng(0)
