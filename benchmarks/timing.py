@@ -93,7 +93,13 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
 
             return jax.lax.scan(body, carry_xy, jnp.arange(n))[0] if n else carry_xy
 
-        # the cheapest oracle of each kind: one partial gradient, one HVP, one cross product
+        # the cheapest oracle of each kind: one partial gradient, one HVP, one cross product.
+        # The HVP and cross product take the direction y + 1, not y: along v = y XLA shares the
+        # tangent's product X v with the forward pass's X y, one matrix product fewer than any
+        # solver's HVP (whose v is never its y) pays (stocBiO on data cleaning: 20 of 67 us)
+        def direction(b):
+            return jax.tree.map(lambda leaf: leaf + 1.0, b)
+
         def grad_f(a, b, i):
             return None, oracles.grad_y(f, a, b, mb.outer(i % n_out))
 
@@ -101,10 +107,10 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
             return None, oracles.grad_y(g, a, b, mb.inner(i % n_in))
 
         def hvp(a, b, i):
-            return None, oracles.hvp_yy(g, a, b, mb.inner(i % n_in), b)
+            return None, oracles.hvp_yy(g, a, b, mb.inner(i % n_in), direction(b))
 
         def cross(a, b, i):
-            return oracles.cross_xy(g, a, b, mb.inner(i % n_in), b), None
+            return oracles.cross_xy(g, a, b, mb.inner(i % n_in), direction(b)), None
 
         xy = (x, y)
         xy = loop(calls["grad_f"], grad_f, xy, 0)
