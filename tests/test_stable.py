@@ -266,10 +266,11 @@ def test_auto_floor_keeps_the_previous_one_when_a_sample_is_singular():
 
 @pytest.mark.parametrize("mu_g", [0.5, "auto"])
 def test_one_eigendecomposition_per_step(mu_g):
-    """The step has exactly one ``eigh``, also under mu_g="auto", whose floor needs the
-    eigenvalues of h_yy as well: the two matrices are stacked into one batched call. Two
-    independent eigendecompositions in one program deadlocked jaxlib 0.10.2's CPU thread pool
-    under vmap (8 seeds of the stable-hpo problem on 2 cores hung in LAPACK, measured)."""
+    """The step has exactly one ``eigh`` (in the branch where the floor binds, see
+    ``bilevel.solvers.eigen_floor``), also under mu_g="auto", whose floor takes the end
+    eigenvalues of h_yy by tridiagonal bisection. Two independent eigendecompositions in one
+    program deadlocked jaxlib 0.10.2's CPU thread pool under vmap (8 seeds of the stable-hpo
+    problem on 2 cores hung in LAPACK, measured)."""
     p = bl.problems.quadratic(dx=3, dy=6, stochastic=True, n_samples=64)
     solver = bl.solvers.make("stable", lr_outer=0.1, lr_inner=0.1, batch_size=4, mu_g=mu_g)
     solver = solver.resolve(p)

@@ -9,8 +9,10 @@ H_yy ~ d^2 g/dy^2, and uses them twice: in the x-direction (the implicit hypergr
 the current y) and in a y-step that *predicts* the motion of y*(x) along the x-step,
 y*(x^{k+1}) - y*(x^k) ~ -H_yy^{-1} H_xy^T (x^{k+1} - x^k). That correction is what lets x and
 y use step sizes of the same order (Lemma 3). The matrices are materialised, so the method
-costs O(dim y^2) memory and an O(dim y^3) eigendecomposition per step (Table 1): it is meant
-for small lower levels (the paper's experiments have dim y = 14, 22 and 54).
+costs O(dim y^2) memory and O(dim y^3) dense algebra per step (Table 1: the projection of the
+Hessian estimate, an eigendecomposition where its floor binds and Cholesky factorisations
+otherwise, ``bilevel.solvers.eigen_floor``): it is meant for small lower levels (the paper's
+experiments have dim y = 14, 22 and 54).
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from ..oracles import Counts
 from ..problem import BilevelProblem
 from ..schedules import step_size
 from .base import OuterState, Solver, _is_auto
+from .eigen_floor import (
+    extreme_eigenvalues,
+    floor_and_factor,
+    floor_eigenvalues,
+    solve_with_factor,
+    symmetrize,
+)
 from .registry import register
 
 PyTree = Any
@@ -66,23 +75,6 @@ def clip_frobenius(matrix: jax.Array, radius: float | None) -> jax.Array:
     # double where: no 0/0 when M = 0 (then the scale is 1 anyway)
     safe = jnp.where(norm > radius, norm, 1.0)
     return jnp.where(norm > radius, matrix * (radius / safe), matrix)
-
-
-def floor_eigenvalues(matrix: jax.Array, floor) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``Punder``: the projection onto ``{M : M >= floor I}`` in the Frobenius norm (eq. (9b)).
-
-    For symmetric ``M = Q diag(lam) Q^T`` it is ``Q diag(max(lam, floor)) Q^T``. The input is
-    symmetrised first, ``(M + M^T)/2``, which is itself the Frobenius projection onto the
-    symmetric matrices and removes round-off asymmetry (every sampled Hessian is symmetric).
-
-    Returns:
-        ``(projected, eigenvalues, eigenvectors)``: the projected matrix and its
-        eigendecomposition (eigenvalues >= floor, ascending), so solves with it cost O(n^2).
-    """
-    sym = 0.5 * (matrix + matrix.T)
-    lam, q = jnp.linalg.eigh(sym)
-    lam = jnp.maximum(lam, floor)
-    return (q * lam[None, :]) @ q.T, lam, q
 
 
 class STABLEState(NamedTuple):
@@ -134,7 +126,7 @@ class STABLE(Solver):
       only 2e-3-strongly convex, far below the start's floor, and some starts diverged
       (docs/reproduction.md, stable-hpo). So "auto" sets the floor of step k to half the
       smallest eigenvalue of the sampled Hessian h_yy^k = d^2 g(x^k, y^k; phi^k) that (9b)
-      evaluates anyway (its eigendecomposition, O(dim y^3), is batched with the one of (9b)).
+      evaluates anyway (its two end eigenvalues: a tridiagonal reduction and bisection).
       lambda_min is concave, so E lambda_min(h_yy(phi)) <= lambda_min(E h_yy(phi)): the
       sample errs low on average, the safe side for a floor, and the factor 1/2 is a margin
       for the noise. A sample that is not positive definite (lambda_min <= 1e-10 lambda_max,
@@ -188,8 +180,8 @@ class STABLE(Solver):
         (STORM), NeurIPS 2019, for the recursive estimator.
 
     Assumptions: g(x, .) mu_g-strongly convex; f, g smooth with Lipschitz second derivatives
-    (Assumptions 1-3); X closed convex; y unconstrained. Costs O(dim y^2) memory and one
-    O(dim y^3) eigendecomposition per step.
+    (Assumptions 1-3); X closed convex; y unconstrained. Costs O(dim y^2) memory and
+    O(dim y^3) dense algebra per step.
     """
 
     lr_outer: Any = 0.01
@@ -257,7 +249,7 @@ class STABLE(Solver):
             warnings.warn(
                 f"STABLE materialises dense matrices: dim(y) = {dim_y} means an inner Hessian "
                 f"of {dim_y}x{dim_y} and a cross Jacobian of {dim_x}x{dim_y} (O(dim_y^2) "
-                f"memory) and an O(dim_y^3) eigendecomposition every step. For a lower level "
+                f"memory) and O(dim_y^3) dense algebra every step. For a lower level "
                 f"this large use a Hessian-vector-product or first-order method such as "
                 f"'stocbio', 'aid-cg', 'f2sa' or 'pzobo-s'.",
                 DenseHessianWarning,
@@ -307,26 +299,24 @@ class STABLE(Solver):
         return rate(self.lr_outer), rate(self.lr_inner), jnp.minimum(tau, 1.0)
 
     def project_hessian(self, estimate: jax.Array, h_yy: jax.Array, previous: jax.Array):
-        """Punder (9b) of ``estimate`` at this step's floor: ``(H_yy, eigenvalues, eigenvectors,
-        floor)``, as :func:`floor_eigenvalues`.
+        """Punder (9b) of ``estimate`` at this step's floor: ``(H_yy, its Cholesky factor,
+        floor)`` (:func:`bilevel.solvers.eigen_floor.floor_and_factor`: the eigendecomposition
+        runs only on steps where the floor binds).
 
         The floor is the fixed ``mu_g``, or under ``"auto"`` half the smallest eigenvalue of the
         sampled Hessian ``h_yy`` (symmetrised), ``previous`` when that sample is not positive
-        definite (lambda_min <= 1e-10 lambda_max). Both matrices go through ONE batched
-        ``eigh``: two independent eigendecompositions in one step deadlocked jaxlib 0.10.2's
-        CPU thread pool under ``vmap`` (8 seeds on 2 cores: each LAPACK call waited for pool
-        threads held by the other).
+        definite (lambda_min <= 1e-10 lambda_max); its two end eigenvalues come from
+        :func:`~bilevel.solvers.eigen_floor.extreme_eigenvalues`, not a full eigendecomposition.
         """
-        if not _is_auto(self.mu_g):  # a fixed floor (possibly traced: a pytree leaf)
+        if _is_auto(self.mu_g):
+            low, high = extreme_eigenvalues(symmetrize(h_yy))
+            positive = low > 1e-10 * jnp.maximum(jnp.abs(high), 1e-30)
+            floor = jnp.where(positive, self.auto_mu_g_factor * low, previous)
+        else:  # a fixed floor (possibly traced: a pytree leaf)
             floor = jnp.full_like(previous, self.mu_g)
-            return (*floor_eigenvalues(estimate, floor), floor)
-        both = jnp.stack([estimate, h_yy])
-        lam2, q2 = jnp.linalg.eigh(0.5 * (both + jnp.swapaxes(both, -1, -2)))
-        low, high = lam2[1, 0], lam2[1, -1]  # eigh sorts ascending
-        positive = low > 1e-10 * jnp.maximum(jnp.abs(high), 1e-30)
-        floor = jnp.where(positive, self.auto_mu_g_factor * low, previous).astype(previous.dtype)
-        lam, q = jnp.maximum(lam2[0], floor), q2[0]
-        return (q * lam[None, :]) @ q.T, lam, q, floor
+        floor = floor.astype(previous.dtype)
+        H_yy, factor = floor_and_factor(symmetrize(estimate), floor)
+        return H_yy, factor, floor
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> STABLEState:
         flat_x, _ = ravel_pytree(problem.x0)
@@ -367,14 +357,14 @@ class STABLE(Solver):
         h_xy_prev = oracles.jacobian_xy(g, x_prev, y_prev, phi)
         h_xy = oracles.jacobian_xy(g, x, y, phi)
         H_xy = clip_frobenius((1 - tau) * (state.H_xy - h_xy_prev) + h_xy, self.max_cross_norm)
-        # (9b): inner Hessian estimate, floored at mu_g; its eigendecomposition serves both solves
+        # (9b): inner Hessian estimate, floored at mu_g; its Cholesky factor serves both solves
         h_yy_prev = oracles.hessian_yy(g, x_prev, y_prev, phi)
         h_yy = oracles.hessian_yy(g, x, y, phi)
         estimate = (1 - tau) * (state.H_yy - h_yy_prev) + h_yy
-        H_yy, lam, Q, mu_g = self.project_hessian(estimate, h_yy, state.mu_g)
+        H_yy, factor, mu_g = self.project_hessian(estimate, h_yy, state.mu_g)
 
         def solve_yy(v):  # (H_yy^k)^{-1} v
-            return Q @ ((Q.T @ v) / lam)
+            return solve_with_factor(factor, v)
 
         grad_x_f, grad_y_f = oracles.grads(f, x, y, xi)  # one xi^k for both
         h_g = oracles.grad_y(g, x, y, phi)  # eq. (6): the same phi^k
