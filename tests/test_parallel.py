@@ -51,10 +51,16 @@ FOUR_DEVICES = textwrap.dedent("""
     F2SA = dict(lr_outer=0.05, lr_inner=0.1, batch_size=16, inner_steps=2)
     STOCBIO = dict(lr_outer=0.05, lr_inner=0.1, batch_size=16, neumann_steps=3)
     SOBA = dict(lr_outer=0.05, lr_inner=0.1, batch_size=16)
+    STABLE = dict(lr_outer=0.05, lr_inner=0.1, batch_size=16)
+    PZOBO_S = dict(lr_outer=0.05, lr_inner=0.1, batch_size=16, inner_steps=3, num_directions=2)
     CASES = {   # name: problem, solver, solver settings, seeds, sharding
         "quadratic-f2sa": (quad, "f2sa", F2SA, [0, 1], {"devices": 4}),
         "quadratic-stocbio-mesh2x2": (quad, "stocbio", STOCBIO, None, {"mesh": grid}),
         "cleaning-soba": (clean, "soba", SOBA, [0, 1], {"devices": 4}),
+        # STABLE's projection branches on a Cholesky certificate (a custom_vmap over seeds);
+        # PZOBO-S runs its Q + 1 paths in one scan on each shared batch
+        "quadratic-stable": (quad, "stable", STABLE, [0, 1], {"devices": 4}),
+        "quadratic-pzobo-s": (quad, "pzobo-s", PZOBO_S, [0, 1], {"devices": 4}),
     }
 
     def arrays(res):
@@ -105,7 +111,13 @@ def four_devices() -> dict:
     return _run_child(FOUR_DEVICES, {"XLA_FLAGS": flags})
 
 
-CASES = ["quadratic-f2sa", "quadratic-stocbio-mesh2x2", "cleaning-soba"]
+CASES = [
+    "quadratic-f2sa",
+    "quadratic-stocbio-mesh2x2",
+    "cleaning-soba",
+    "quadratic-stable",
+    "quadratic-pzobo-s",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
