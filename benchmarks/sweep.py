@@ -34,7 +34,7 @@ GRID = {"lr_outer": [0.002, 0.005, 0.01, 0.02], "lr_inner": [0.02, 0.05, 0.1, 0.
 SEEDS = range(5)
 
 
-def time_sweep(problem, steps: int, every: int, cold: bool = True) -> float:
+def time_sweep(problem, steps: int, every: int, cold: bool = True, devices=None) -> float:
     if cold:
         run._COMPILED.clear()
     t0 = time.perf_counter()
@@ -47,6 +47,7 @@ def time_sweep(problem, steps: int, every: int, cold: bool = True) -> float:
         eval_every=every,
         batch_size=32,
         progress=False,
+        devices=devices,
     )
     return time.perf_counter() - t0
 
@@ -65,6 +66,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[2000, 10000])
     parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="also time the compiled sweep split over this many devices (on CPU run with "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=K)",
+    )
     args = parser.parse_args()
     problem = bl.problems.quadratic(dx=5, dy=10, stochastic=True, n_samples=500)
     bl.diagnose(problem, warn=False, **run.CONVEXITY_PROBE)  # cached probe: not in either time
@@ -75,6 +83,13 @@ def main() -> None:
         warm = time_sweep(problem, steps, args.eval_every, cold=False)
         looped = time_loop(problem, steps, args.eval_every)
         print(f"{steps:>7} {swept:>8.2f} {warm:>11.2f} {looped:>11.2f} {looped / swept:>10.1f}x")
+        if args.devices:
+            time_sweep(problem, steps, args.eval_every, devices=args.devices)  # compile
+            spread = time_sweep(problem, steps, args.eval_every, cold=False, devices=args.devices)
+            print(
+                f"{'':>7} compiled sweep over {args.devices} devices: {spread:.2f} s, "
+                f"one device / {args.devices} devices = {warm / spread:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -91,6 +91,21 @@ FOUR_DEVICES = textwrap.dedent("""
         bl.solve(quad, bl.solvers.make("f2sa", batch_size=6), 2, devices=4, progress=False)
     except ValueError as err:
         out["indivisible"] = str(err)
+    # bl.sweep(devices=4): the grid's points split over the devices (6 points padded to 8)
+    SWEEP = dict(steps=20, eval_every=10, seeds=[0, 1], progress=False, batch_size=16)
+    GRIDS = {
+        "f2sa": {"lr_outer": [0.01, 0.05, 0.1], "lr_inner": [0.05, 0.1]},
+        "stable": {"lr_outer": [0.01, 0.05, 0.1]},
+    }
+    for name, grid in GRIDS.items():
+        frames = []
+        for devices in (None, 4):
+            run._COMPILED.clear()
+            df = bl.sweep(quad, name, grid, devices=devices, **SWEEP).drop(columns="seconds")
+            frames.append(df.to_numpy(float).tolist())
+        chunk = next(v for k, v in run._COMPILED.items() if k[0] == "chunk")
+        specs = sorted({str(s.spec) for s in jax.tree.leaves(chunk.input_shardings)})
+        out["sweep-" + name] = dict(one=frames[0], many=frames[1], specs=specs)
     print("RESULT" + json.dumps(out))
 """)
 
@@ -145,6 +160,17 @@ def test_sharded_run_resumes_from_its_checkpoint(four_devices):
     whole = four_devices["quadratic-f2sa"]["many"]
     for got, want in zip(four_devices["resumed"], whole, strict=True):
         np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
+@pytest.mark.parametrize("solver", ["f2sa", "stable"])
+def test_sweep_split_over_devices_matches_one_device(four_devices, solver):
+    """``bl.sweep(devices=4)``: every row (6 grid points x 2 seeds x 3 evaluations; the 2
+    points padded to reach 8 dropped) is the one-device sweep's, and the chunk program takes its
+    state split over the devices (``P('data')``), the shared PRNG key replicated (``P()``)."""
+    got = four_devices["sweep-" + solver]
+    assert len(got["one"]) == len(got["many"]) == 3 * 2 * {"f2sa": 6, "stable": 3}[solver]
+    np.testing.assert_allclose(np.array(got["many"]), np.array(got["one"]), rtol=RTOL, atol=ATOL)
+    assert set(got["specs"]) == {"P()", "P('data',)"}
 
 
 def test_batch_size_must_split_over_the_devices(four_devices):

@@ -104,6 +104,31 @@ def test_chunked_sweep_equals_one_program(problem, swept):
 
 
 @pytest.mark.parametrize(
+    "n_points, max_batch, devices, expected",
+    [
+        (10, 3, 1, [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 9, 9]]),  # one device: as before
+        (6, 100, 4, [[0, 1, 2, 3, 4, 5, 5, 5]]),  # padded to a multiple of the devices
+        (10, 4, 4, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 9, 9]]),
+        (9, 3, 4, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 8, 8, 8]]),  # max_batch rounded up to 4
+    ],
+)
+def test_batches_split_evenly_over_the_devices(n_points, max_batch, devices, expected):
+    """Every batch has one size (one compilation) that the devices divide, at most max_batch
+    rounded up to a multiple of them, and covers every point; padding repeats the last."""
+    from bilevel.sweep import _batches
+
+    assert _batches(n_points, max_batch, devices) == expected
+
+
+def test_sweep_over_more_devices_than_jax_sees_names_the_flag(problem):
+    """(The 4-device runs are in tests/test_parallel.py, in a child process.)"""
+    with pytest.raises(ValueError, match=r"sweep\(devices=64\).*xla_force_host_platform"):
+        bl.sweep(problem, "f2sa", grid=GRID, devices=64, **RUN)
+    with pytest.raises(ValueError, match="devices= or mesh=, not both"):
+        bl.sweep(problem, "f2sa", grid=GRID, devices=1, mesh=object(), **RUN)
+
+
+@pytest.mark.parametrize(
     "field, values",
     [("batch_size", [8, 16]), ("inner_steps", [1, 2]), ("regime", ["stochastic", "constant"])],
 )

@@ -33,7 +33,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 PyTree = Any
 
-__all__ = ["DATA_AXIS", "make_mesh", "use_mesh", "current_mesh", "shard_batch", "replicate"]
+__all__ = [
+    "DATA_AXIS",
+    "make_mesh",
+    "use_mesh",
+    "current_mesh",
+    "shard_batch",
+    "replicate",
+    "shard_grid",
+]
 
 #: the axis name of the 1-D mesh that ``devices=k`` builds
 DATA_AXIS = "data"
@@ -164,6 +172,27 @@ def replicate(tree: PyTree, mesh: Mesh | None) -> PyTree:
     if mesh is None:
         return tree
     return jax.device_put(tree, replicated(mesh))
+
+
+def shard_grid(tree: PyTree, mesh: Mesh | None, axes: Any = 0) -> PyTree:
+    """``tree`` placed for ``bl.sweep(devices=...)``: leaves with a leading axis of grid points
+    split along it over all of ``mesh``'s axes jointly, the others replicated (unchanged when
+    ``mesh`` is ``None``).
+
+    ``axes`` is a prefix of ``tree`` saying which subtrees carry the grid axis: 0 for all,
+    ``None`` for a subtree without it (``run.grid_axes``: a sweep's PRNG key is shared by its
+    points). Every grid point's program is independent of the others, so XLA's SPMD
+    partitioner runs each device's points there without communication.
+    """
+    if mesh is None:
+        return tree
+    split, copy = NamedSharding(mesh, batch_spec(mesh)), replicated(mesh)
+
+    def placement(axis, subtree):
+        return jax.tree.map(lambda _: copy if axis is None else split, subtree)
+
+    shardings = jax.tree.map(placement, axes, tree, is_leaf=lambda a: a is None)
+    return jax.device_put(tree, shardings)
 
 
 def is_main_process() -> bool:

@@ -204,6 +204,7 @@ def _compiled(
     over_grid: bool = False,
     build: Callable | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    grid_mesh: jax.sharding.Mesh | None = None,
 ):
     """The compiled ``kind`` program as a function of ``(problem, state)``.
 
@@ -216,10 +217,13 @@ def _compiled(
     ``kind`` other than "chunk", "eval" and "init"; ``kind`` (any hashable) must then name
     everything static the program depends on, since it is the cache key. ``mesh``
     (``solve(devices=...)``): the program is traced with every minibatch split over it
-    (:mod:`bilevel.parallel`) and returns its outputs replicated on it. On CPU without a mesh,
-    the step programs are compiled through :func:`bilevel.wide_dots.keep_wide_dots`.
+    (:mod:`bilevel.parallel`) and returns its outputs replicated on it. ``grid_mesh``
+    (``sweep(devices=...)``): the arguments come split over it along their grid axis
+    (:func:`bilevel.parallel.shard_grid`), the program is compiled for those placements and
+    its outputs keep what XLA's SPMD partitioner gives them. On CPU without a mesh, the step
+    programs are compiled through :func:`bilevel.wide_dots.keep_wide_dots`.
     """
-    rewrite = kind in _STEP_PROGRAMS and wide_dots.enabled(mesh)
+    rewrite = kind in _STEP_PROGRAMS and wide_dots.enabled(mesh if mesh is not None else grid_mesh)
     key = (
         kind,
         length,
@@ -230,6 +234,7 @@ def _compiled(
         _aval_key(state),
         init,
         mesh,
+        grid_mesh,
         rewrite,
     )
     fn = _COMPILED.get(key)
@@ -309,16 +314,22 @@ def _init_states(
     init=None,
     n_points: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    grid_mesh: jax.sharding.Mesh | None = None,
 ):
     """The states at step 0; with ``n_points`` (``bl.sweep``: a solver stacked over grid
     points) every point starts from the same seeds' keys, so point i runs what ``solve``
-    with that point's solver would run. With ``mesh`` they are replicated on it."""
+    with that point's solver would run. With ``mesh`` they are replicated on it; with
+    ``grid_mesh`` (a sweep over devices) split over it along the grid axis."""
     keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
     keys = keys if batched else keys[0]  # over a grid: shared (grid_axes)
     keys = jnp.asarray(keys) if mesh is None else parallel.replicate(keys, mesh)
+    keys = parallel.replicate(keys, grid_mesh)
     over_grid = n_points is not None
-    program = _compiled("init", solver, problem, keys, 0, batched, init, over_grid, mesh=mesh)
-    return program(problem, keys)
+    program = _compiled(
+        "init", solver, problem, keys, 0, batched, init, over_grid, mesh=mesh, grid_mesh=grid_mesh
+    )
+    state = program(problem, keys)
+    return parallel.shard_grid(state, grid_mesh, grid_axes(state))
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
@@ -848,6 +859,7 @@ class _Run:
     unit: str = "step"  # what ``steps`` counts, in messages ("round" in bl.solve_online)
     time_limit: float | None = None  # seconds of solver time after which the loop stops
     mesh: jax.sharding.Mesh | None = None  # solve(devices=...): minibatches split over it
+    grid_mesh: jax.sharding.Mesh | None = None  # sweep(devices=...): grid points split over it
 
     def _out_of_time(self) -> bool:
         return self.time_limit is not None and self.seconds >= self.time_limit
@@ -862,7 +874,14 @@ class _Run:
             self.batched,
             over_grid=self.over_grid,
             mesh=self.mesh,
+            grid_mesh=self.grid_mesh,
         )
+
+    def place(self, state):
+        """``state`` where the compiled programs expect it: replicated on ``mesh``, split
+        over ``grid_mesh`` along its grid axis, or as it is."""
+        state = parallel.replicate(state, self.mesh)
+        return parallel.shard_grid(state, self.grid_mesh, grid_axes(state))
 
     def evaluate(self, state, step: int):
         evaluate = self._program("eval", state)
@@ -912,7 +931,7 @@ class _Run:
             for i in np.flatnonzero(alive & ~finite):  # flat over (point, seed) in a sweep
                 self.diverged_at[self.history.seeds[i]] = self.done
             alive &= finite
-            state = parallel.replicate(_keep_good(new_state, state, alive, self.batched), self.mesh)
+            state = self.place(_keep_good(new_state, state, alive, self.batched))
             self.display.update(self.done, self.history.rows)
             last = self.done >= self.steps or self._out_of_time()
             self.save(state, force=last or not alive.all())

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from . import parallel
 from . import progress as _progress
 from .problem import BilevelProblem
 from .run import (
@@ -54,6 +55,8 @@ def sweep(
     max_batch: int | None = None,
     progress: bool = True,
     init: Callable | None = None,
+    devices: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     **hyperparameters: Any,
 ) -> pd.DataFrame:
     """Run ``solver`` at every point of ``grid`` (their cartesian product) for every seed.
@@ -81,6 +84,13 @@ def sweep(
             program carries; temporaries of a step (minibatch gradients) come on top, so lower
             it for problems whose steps are large next to their state.
         progress: a progress display per batch on stderr.
+        devices: spread the grid points over the first ``devices`` of ``jax.devices()`` (one
+            process): each device runs its share of every batch's points, all seeds of a
+            point on one device. Batches are padded to a multiple of the device count (the
+            padded points' rows are dropped) and ``max_batch`` is rounded up to one. Not
+            ``solve``'s data parallelism: minibatches stay whole, the points are split.
+        mesh: a ``jax.sharding.Mesh`` of your own instead of ``devices``; the points are split
+            over all its axes jointly.
         **hyperparameters: the other solver settings (``batch_size=64``, ...), the same at
             every point.
 
@@ -95,7 +105,8 @@ def sweep(
 
     Raises:
         ValueError: a grid field that is not a numeric leaf of the solver, an empty grid,
-            bad ``steps``/``eval_every``/``max_batch``/``seeds``.
+            bad ``steps``/``eval_every``/``max_batch``/``seeds``/``devices``/``mesh``, a mesh
+            spanning several processes.
         KeyboardInterrupt: on Ctrl-C or SIGTERM (a sweep keeps no checkpoint).
     """
     _check_offline_problem(problem, caller="sweep")
@@ -110,14 +121,18 @@ def sweep(
         )
     solvers = [_point_solver(problem, solver, fields, p, hyperparameters, steps) for p in points]
     _check_convexity(problem)
-    if max_batch is None:
-        max_batch = _default_max_batch(solvers[0], problem, len(seed_list))
+    grid_mesh = _grid_mesh(devices, mesh)
+    per_device = 1 if grid_mesh is None else grid_mesh.size
+    if max_batch is None:  # the budget is per device
+        max_batch = per_device * _default_max_batch(solvers[0], problem, len(seed_list))
     elif isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"sweep(max_batch=...) must be a positive int, got {max_batch!r}.")
     rows, diverged = [], []
-    for idx in _batches(len(points), max_batch):
+    for idx in _batches(len(points), max_batch, per_device):
         batch = [(points[i], solvers[i]) for i in idx]
-        batch_rows, dead = _run_batch(problem, batch, seed_list, steps, every, progress, init)
+        batch_rows, dead = _run_batch(
+            problem, batch, seed_list, steps, every, progress, init, grid_mesh
+        )
         n_real = len(set(idx))  # padded copies of the last point are dropped
         rows.extend(batch_rows[:n_real])
         diverged.extend(points[idx[i]] | {"seed": s} for i, s in dead if i < n_real)
@@ -192,11 +207,30 @@ def _default_max_batch(solver: Solver, problem: BilevelProblem, n_seeds: int) ->
     return max(1, MEMORY_BUDGET // max(1, n_seeds * state_bytes))
 
 
-def _batches(n_points: int, max_batch: int) -> list[list[int]]:
-    """Point indices in equal batches of at most ``max_batch`` (the last padded by repeating
-    its last index): equal shapes share one compiled program."""
+def _grid_mesh(devices, mesh) -> jax.sharding.Mesh | None:
+    """The mesh the grid points are split over (``parallel.make_mesh``), one process only:
+    the points are placed from this process's host values."""
+    grid_mesh = parallel.make_mesh(devices, mesh, caller="sweep")
+    if grid_mesh is not None and jax.process_count() > 1:
+        raise ValueError(
+            "sweep(devices=/mesh=) splits the grid over the devices of one process; under "
+            "jax.distributed run bl.solve(..., devices=...) per grid point, or one sweep per "
+            "process on its local devices."
+        )
+    return grid_mesh
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _batches(n_points: int, max_batch: int, multiple: int = 1) -> list[list[int]]:
+    """Point indices in equal batches of at most ``max_batch`` (rounded up to a multiple of
+    ``multiple``, the devices the points are split over), each padded by repeating its last
+    index to a size that ``multiple`` divides: equal shapes share one compiled program."""
+    max_batch = _round_up(max_batch, multiple)
     n_batches = -(-n_points // max_batch)
-    size = -(-n_points // n_batches)
+    size = _round_up(-(-n_points // n_batches), multiple)
     out = []
     for start in range(0, n_points, size):
         idx = list(range(start, min(start + size, n_points)))
@@ -248,17 +282,22 @@ def _pick(i: int):
     return lambda tree: jax.tree.map(lambda a: np.asarray(a)[i], tree)
 
 
-def _run_batch(problem, batch, seeds, steps, every, progress, init):
+def _run_batch(problem, batch, seeds, steps, every, progress, init, grid_mesh=None):
     """Run one batch of ``(point, solver)`` pairs: ``(rows per point, [(point index in the
-    batch, seed) that diverged])``."""
+    batch, seed) that diverged])``. With ``grid_mesh`` the points are split over it."""
     points = [p for p, _ in batch]
-    stacked = _stack([s for _, s in batch])
+    stacked = parallel.shard_grid(_stack([s for _, s in batch]), grid_mesh)
+    problem = parallel.replicate(problem, grid_mesh)
     name = batch[0][1].name
-    state = _init_states(stacked, problem, seeds, True, init, n_points=len(batch))
+    state = _init_states(
+        stacked, problem, seeds, True, init, n_points=len(batch), grid_mesh=grid_mesh
+    )
     history = _GridHistory(points, seeds)
     display = _progress.Progress(progress, steps, name, problem.name, len(batch) * len(seeds))
     no_checkpoint = _Checkpointer(None, "", 0.0)
-    run = _Run(problem, stacked, True, every, steps, history, no_checkpoint, display)
+    run = _Run(
+        problem, stacked, True, every, steps, history, no_checkpoint, display, grid_mesh=grid_mesh
+    )
     run.over_grid = True
     run.record_start(state)
     try:
