@@ -210,14 +210,14 @@ def _default_max_batch(solver: Solver, problem: BilevelProblem, n_seeds: int) ->
 def _grid_mesh(devices, mesh) -> jax.sharding.Mesh | None:
     """The mesh the grid points are split over (``parallel.make_mesh``), one process only:
     the points are placed from this process's host values."""
-    grid_mesh = parallel.make_mesh(devices, mesh, caller="sweep")
-    if grid_mesh is not None and jax.process_count() > 1:
+    if (devices is not None or mesh is not None) and jax.process_count() > 1:
         raise ValueError(
-            "sweep(devices=/mesh=) splits the grid over the devices of one process; under "
-            "jax.distributed run bl.solve(..., devices=...) per grid point, or one sweep per "
-            "process on its local devices."
+            "sweep(devices=/mesh=) splits the grid over the devices of one process, and this "
+            f"is a jax.distributed run of {jax.process_count()} processes; give each process "
+            "its own part of the grid (a sweep without devices=), or run bl.solve(..., "
+            "devices=...) per grid point."
         )
-    return grid_mesh
+    return parallel.make_mesh(devices, mesh, caller="sweep")
 
 
 def _round_up(n: int, multiple: int) -> int:
