@@ -6,7 +6,7 @@ projection of a symmetric ``M = Q diag(lam) Q^T`` is ``Q diag(max(lam, floor)) Q
 needs an eigendecomposition; but where every eigenvalue is already above the floor it is ``M``
 itself, and a Cholesky factorisation of ``M - floor I`` says so: it succeeds exactly when
 ``M - floor I`` is positive definite. :func:`floor_and_factor` tries that first (two Cholesky
-factorisations, about 1/15 of a ``(dim y)^2`` ``eigh`` at dim y = 50 on CPU) and runs the
+factorisations, 12 against 132 us for one ``eigh`` at dim y = 50 on this CPU) and runs the
 eigendecomposition only when the floor binds. Both branches return the same projection (up to
 round-off: ``Q diag(lam) Q^T`` of an unfloored ``M`` is ``M``).
 
@@ -96,7 +96,8 @@ def solve_with_factor(factor: jax.Array, rhs: jax.Array) -> jax.Array:
 def extreme_eigenvalues(sym: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(lambda_min, lambda_max)`` of a symmetric matrix, without eigenvectors: a tridiagonal
     reduction (LAPACK ``sytrd``) and bisection (Sturm sequences) for the two end eigenvalues,
-    accurate to round-off like a full ``eigh`` and about 3x cheaper at dimension 50."""
+    accurate to round-off like a full ``eigh`` and 2.5x cheaper at dimension 50 (51 against
+    132 us on this CPU, float32)."""
     n = sym.shape[-1]
     if n == 1:
         return sym[0, 0], sym[0, 0]
