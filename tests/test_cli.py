@@ -171,6 +171,7 @@ def test_rerun_says_resuming(tmp_path):
         (["--batch-size", "32"], "error: --batch-size=32 but quadratic(dx=10"),
         (["--lr-outer", "-1"], "error: --lr-outer"),
         (["--opt", "inner_steps=0"], "error: --opt inner_steps=... must be a positive int"),
+        (["--devices", "64"], "error: --devices asks for 64 devices but JAX sees"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(tmp_path, args, message):
@@ -179,6 +180,14 @@ def test_bad_flags_are_one_line_errors_naming_the_flag(tmp_path, args, message):
     assert out.output.startswith(message), out.output
     assert len(out.output.strip().splitlines()) == 1 and "Traceback" not in out.output
     assert "solve(" not in out.output and "F2SA(" not in out.output
+
+
+def test_sweep_devices_flag_is_one_line(tmp_path):
+    args = ["sweep", "--grid", "lr_outer=0.01,0.1", "--steps", "5", "--devices", "64"]
+    out = runner.invoke(app, [*args, "--out", str(tmp_path)])
+    assert out.exit_code == 2, out.output
+    assert out.output.startswith("error: --devices asks for 64 devices"), out.output
+    assert len(out.output.strip().splitlines()) == 1 and "sweep(" not in out.output
 
 
 def test_out_that_is_a_file_is_one_line(tmp_path):

@@ -36,7 +36,7 @@ def _parse_options(options: list[str]) -> dict:
 
 
 #: ``solve``'s and the solvers' argument names that ``bilevel run`` exposes as flags
-_RUN_FLAGS = ("steps", "seeds", "eval_every", "lr_outer", "lr_inner", "batch_size")
+_RUN_FLAGS = ("steps", "seeds", "eval_every", "lr_outer", "lr_inner", "batch_size", "devices")
 
 
 def _with_flag_names(message: str) -> str:
@@ -49,7 +49,7 @@ def _with_flag_names(message: str) -> str:
 
     def flag(match: re.Match) -> str:
         owner, name = match.group(1), match.group(2)
-        if name in _RUN_FLAGS and (owner == "solve" or owner in solver_classes):
+        if name in _RUN_FLAGS and (owner in ("solve", "sweep") or owner in solver_classes):
             return f"--{name.replace('_', '-')}"
         return f"--opt {name}=..." if owner in solver_classes else match.group(0)
 
@@ -142,6 +142,11 @@ def run(
         True, help="checkpoint into OUT/checkpoint and resume from it when rerun"
     ),
     progress: bool = typer.Option(True, help="show progress on stderr"),
+    devices: int = typer.Option(
+        None,
+        help="split every minibatch over this many devices (on CPU: "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=K); docs/distributed.md",
+    ),
 ) -> None:
     """Run SOLVER on PROBLEM; write history (CSV, parquet), a PNG plot and a JSON summary.
 
@@ -174,6 +179,7 @@ def run(
                 eval_every=every,
                 checkpoint=(out / "checkpoint") if checkpoint else None,
                 progress=progress,
+                devices=devices,
             )
         except bl.Interrupted as stop:
             _write_run_outputs(stop.result, prob.name, out, interrupted=True)
@@ -254,6 +260,11 @@ def sweep(
     problem_opt: list[str] = typer.Option([], help="problem options, key=value"),
     out: Path = typer.Option(Path("runs/sweep"), help="output directory"),
     progress: bool = typer.Option(True, help="show progress on stderr"),
+    devices: int = typer.Option(
+        None,
+        help="spread the grid points over this many devices (on CPU: "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=K); docs/distributed.md",
+    ),
 ) -> None:
     """Run SOLVER on PROBLEM over a grid of hyperparameters x seeds as one vmapped program;
     write sweep.csv and sweep.png and print the best setting per metric.
@@ -282,6 +293,7 @@ def sweep(
             seeds=range(seeds),
             eval_every=every,
             progress=progress,
+            devices=devices,
             **hyper,
         )
     out.mkdir(parents=True, exist_ok=True)
