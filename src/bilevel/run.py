@@ -322,8 +322,7 @@ def _init_states(
     ``grid_mesh`` (a sweep over devices) split over it along the grid axis."""
     keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
     keys = keys if batched else keys[0]  # over a grid: shared (grid_axes)
-    keys = jnp.asarray(keys) if mesh is None else parallel.replicate(keys, mesh)
-    keys = parallel.replicate(keys, grid_mesh)
+    keys = parallel.replicate(jnp.asarray(keys), mesh if mesh is not None else grid_mesh)
     over_grid = n_points is not None
     program = _compiled(
         "init", solver, problem, keys, 0, batched, init, over_grid, mesh=mesh, grid_mesh=grid_mesh
@@ -815,7 +814,7 @@ def solve(
     resumed = checkpointer.load(state, history, steps)
     if resumed is not None:
         state, run.done, run.seconds = resumed
-        state = parallel.replicate(state, mesh)
+        state = run.place(state)
         display.note(f"resuming from step {run.done:,} (checkpoint in {ckpt_dir})")
     else:
         run.record_start(state)
