@@ -229,18 +229,20 @@ class PathDifferenceSolver(Solver):
         return optimizer_transform(self.inner_optimizer)
 
     # ---- one inner path --------------------------------------------------------------------
+    def _inner_step(self, problem: BilevelProblem, transform, x, y, opt, batch, lr):
+        """One step of the inner optimiser on g(x, .) at y on ``batch``: ``(y, opt)``."""
+        direction, opt = transform.update(oracles.grad_y(problem.inner, x, y, batch), opt)
+        return tree_axpy(-lr, direction, y), opt
+
     def inner_path(self, problem: BilevelProblem, mb, x, y, lr, path) -> PyTree:
         """N steps of the inner optimiser on g(x, .) from y; step t uses inner draw
         ``offset(path) + t``. A ``lax.scan`` carrying only (y, optimiser state): no path stored.
         """
-        g, offset = problem.inner, self._draw_offset(path)
-        transform = self._inner_transform()
+        offset, transform = self._draw_offset(path), self._inner_transform()
 
         def body(carry, t):
-            y_, opt = carry
-            grad = oracles.grad_y(g, x, y_, mb.inner(offset + t))
-            direction, opt = transform.update(grad, opt)
-            return (tree_axpy(-lr, direction, y_), opt), None
+            batch = mb.inner(offset + t)
+            return self._inner_step(problem, transform, x, *carry, batch, lr), None
 
         opt0 = transform.init(y)  # fresh and identical for every path (pitfall P2)
         (y, _), _ = jax.lax.scan(body, (y, opt0), jnp.arange(self.inner_steps))
@@ -253,11 +255,10 @@ class PathDifferenceSolver(Solver):
         run per path, which would draw (slice or gather) the same batch Q + 1 times; only for
         ``shared_batches`` with ``parallel_directions``, where all Q + 1 paths are in memory
         anyway."""
-        g, transform = problem.inner, self._inner_transform()
+        transform = self._inner_transform()
 
         def advance(x_, y_, opt, batch):
-            direction, opt = transform.update(oracles.grad_y(g, x_, y_, batch), opt)
-            return tree_axpy(-lr, direction, y_), opt
+            return self._inner_step(problem, transform, x_, y_, opt, batch, lr)
 
         def body(carry, t):
             here, perturbed = carry
