@@ -73,6 +73,7 @@ def _window_rows(start: int, n: int, size: int) -> np.ndarray:
     mb = sampling.Minibatches(data, None, starts, None, size, 0)
     batch = mb.outer(0)
     np.testing.assert_array_equal(batch["twice"], 2 * batch["row"][:, None] * np.ones((1, 3)))
+    np.testing.assert_array_equal(mb.outer_rows(0), batch["row"])  # the rows, in batch order
     return np.asarray(batch["row"])
 
 
@@ -85,6 +86,23 @@ def test_window_is_the_cyclic_window_and_every_row_is_equally_likely():
         counts[rows] += 1
     np.testing.assert_array_equal(counts, size)  # each row in exactly b of the n windows
     assert len(set(_window_rows(n - 1, n, n))) == n  # a window as large as the data is all of it
+
+
+def test_rows_are_the_batch_rows_in_order():
+    """``outer_rows`` / ``inner_rows``: the sample indices of a draw, row k of the batch being
+    sample ``rows[k]`` (SABA's per-sample tables rely on it), for both schemes."""
+    n = 13
+    data = {"row": jnp.arange(n) * 10}
+    for scheme in sampling.SCHEMES:
+        for seed in range(6):  # window starts 0..12: some of the 4-row windows wrap around
+            mb = sampling.minibatches(
+                jax.random.key(seed), data, data, 4, outer=2, inner=3, scheme=scheme
+            )
+            for i in range(3):
+                np.testing.assert_array_equal(mb.inner(i)["row"], 10 * mb.inner_rows(i))
+            np.testing.assert_array_equal(mb.outer(1)["row"], 10 * mb.outer_rows(1))
+    full = sampling.minibatches(jax.random.key(0), data, None, None, outer=1, inner=0)
+    assert full.outer_rows(0) is None and full.inner_rows(0) is None
 
 
 def test_window_draws_and_errors():

@@ -95,13 +95,15 @@ def _one_row(data, r):
     return jax.tree.map(lambda a: a[r : r + 1], data)
 
 
-def test_saba_saga_estimates_and_memory(small_sto):
+@pytest.mark.parametrize("scheme", sampling.SCHEMES)
+def test_saba_saga_estimates_and_memory(small_sto, scheme):
     """SABA's five SAGA estimates and memory rows rebuilt by hand: per-sample terms from
     one-row batches (a Python loop over the drawn rows, independent of the solver's vmap),
     estimate = mean_b(new_b - w[i_b]) + mean(w), then w[i_b] <- new_b; memory initialised by a
     pass over the data at (x_0, y_0) ("full"). Four steps, so rows are revisited and v != 0.
+    Both sampling schemes: with windows the table rows are the window's rows, in batch order.
     rtol 1e-10: per-sample sums in another order, compounded over the steps."""
-    p, bs, rho, gamma = small_sto, 5, 0.1, 0.07
+    p, bs, rho, gamma = small_sto.replace(sampling=scheme), 5, 0.1, 0.07
     f, g, n = p.outer, p.inner, 40
     solver = bl.solvers.make("saba", lr_outer=gamma, lr_inner=rho, batch_size=bs)
     state = solver.init(p, jax.random.PRNGKey(3))
@@ -124,8 +126,10 @@ def test_saba_saga_estimates_and_memory(small_sto):
     step = jax.jit(solver.step)
     for _ in range(4):
         _, batch_key = jax.random.split(state.key)
-        mb = sampling.minibatches(batch_key, p.outer_data, p.inner_data, bs, outer=1, inner=1)
-        rows_i, rows_j = np.asarray(mb.inner_idx[0]), np.asarray(mb.outer_idx[0])
+        mb = sampling.minibatches(
+            batch_key, p.outer_data, p.inner_data, bs, outer=1, inner=1, scheme=scheme
+        )
+        rows_i, rows_j = np.asarray(mb.inner_rows(0)), np.asarray(mb.outer_rows(0))
         new_gy_g, new_hvp, new_cross, new_gx_f, new_gy_f = [], [], [], [], []
         for r in rows_i:
             batch = _one_row(p.inner_data, r)

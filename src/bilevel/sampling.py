@@ -85,6 +85,19 @@ def _gather(data: PyTree, idx: jax.Array | None, i) -> PyTree:
     return jax.lax.optimization_barrier(batch)
 
 
+def _rows(data: PyTree, idx: jax.Array | None, i) -> jax.Array | None:
+    """The data rows of draw i, in the order the batch holds them (None: full data)."""
+    if data is None or idx is None:
+        return None
+    rows = idx[i]
+    if rows.ndim == 1:  # "iid"
+        return rows
+    n, size, start = num_samples(data), rows.shape[1], rows[0, 0]
+    j = jnp.arange(size, dtype=rows.dtype)
+    wrapped = jnp.where(j < start + size - n, j, n - size + j)  # _window's order when it wraps
+    return jnp.where(start <= n - size, start + j, wrapped)
+
+
 def _window(a: jax.Array, start: jax.Array, size: int) -> jax.Array:
     """Rows ``start, ..., start + size - 1`` of ``a``, cyclically (in another order when the
     window wraps around: the rows past the end come first, which a mean does not see)."""
@@ -126,6 +139,15 @@ class Minibatches(NamedTuple):
 
     def inner(self, i) -> PyTree:
         return _gather(self.inner_data, self.inner_idx, i)
+
+    def outer_rows(self, i) -> jax.Array | None:
+        """The row indices of outer draw i, in the batch's order (None for full data): for a
+        method that keeps a table per sample (SABA)."""
+        return _rows(self.outer_data, self.outer_idx, i)
+
+    def inner_rows(self, i) -> jax.Array | None:
+        """The row indices of inner draw i, in the batch's order (None for full data)."""
+        return _rows(self.inner_data, self.inner_idx, i)
 
 
 def _mix32(h: jax.Array) -> jax.Array:

@@ -99,10 +99,6 @@ def _zero_tables(terms, data):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def _rows(idx):
-    return None if idx is None else idx[0]
-
-
 @register("saba")
 @dataclasses.dataclass(frozen=True)
 class SABA(SOBA):
@@ -209,11 +205,11 @@ class SABA(SOBA):
         (grad_y_g, hvp, cross), inner_tables = _saga(
             _inner_terms(problem, x, y, v),
             mb.inner(0),
-            _rows(mb.inner_idx),
+            mb.inner_rows(0),
             (mem.grad_y_g, mem.hvp, mem.cross),
         )
         (grad_x_f, grad_y_f), outer_tables = _saga(
-            _outer_terms(problem, x, y), mb.outer(0), _rows(mb.outer_idx), mem[3:]
+            _outer_terms(problem, x, y), mb.outer(0), mb.outer_rows(0), mem[3:]
         )
         y_new = tree_axpy(-beta, grad_y_g, y)  # D_y
         v_new = self.adjoint().at_inner_step(beta).update(v, hvp, grad_y_f)  # D_v
