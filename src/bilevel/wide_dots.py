@@ -13,16 +13,20 @@ layer has this pattern.
 output of each rank-2 product that is wide (output ``(m, n)`` with ``2 m <= n``, its right
 operand contracted on its leading axis: :func:`_is_wide`) and is transposed afterwards: the
 barrier is an identity that XLA may not look through, so the product keeps its fast shape and
-the transpose stays a separate copy of ``m n`` numbers. Values are those of the original
-program up to floating-point summation order.
+the transpose stays a separate copy of ``m n`` numbers. On the same pass it merges independent
+products that share an operand into one (an HVP's ``X W`` and ``X V``: :mod:`bilevel.dot_merge`,
+after a common-subexpression and dead-code pass over each jaxpr). Values are those of the
+original program up to floating-point summation order.
 
 ``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
 mesh) after all differentiation has happened: the rewritten program is compiled, never
-differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns it off.
+differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns the whole rewrite off,
+``BILEVEL_MERGE_DOTS=0`` only the merging.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -31,6 +35,8 @@ from typing import Any
 import jax
 from jax import lax
 from jax.extend import core as jcore
+
+from . import dot_merge
 
 __all__ = ["keep_wide_dots", "enabled"]
 
@@ -61,6 +67,12 @@ def enabled(mesh=None) -> bool:
     return jax.default_backend() == "cpu"
 
 
+def merging() -> bool:
+    """Whether :func:`keep_wide_dots` also merges products that share an operand
+    (:mod:`bilevel.dot_merge`): unless ``BILEVEL_MERGE_DOTS=0``."""
+    return os.environ.get("BILEVEL_MERGE_DOTS", "1") != "0"
+
+
 def keep_wide_dots(fn: Callable) -> Callable:
     """``fn`` with a barrier after every wide, transposed rank-2 product (module docstring).
 
@@ -76,7 +88,7 @@ def keep_wide_dots(fn: Callable) -> Callable:
             lambda *leaves: fn(*jax.tree.unflatten(treedef, leaves)), return_shape=True
         )(*flat)
         try:
-            outs = _evaluate(closed.jaxpr, closed.consts, flat)
+            outs = _evaluate(closed.jaxpr, closed.consts, flat, merge=merging())
         except Exception as err:  # noqa: BLE001  (a speed-up must never break a program)
             _log.info("keep_wide_dots: left %s unchanged (%s)", getattr(fn, "__name__", fn), err)
             return fn(*args)
@@ -113,21 +125,42 @@ def _is_wide(eqn) -> bool:
     return wide and tuple(rhs_contract) == (0,)
 
 
-def _evaluate(jaxpr, consts, args) -> list:
+def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = ()) -> list:
     """Evaluate ``jaxpr`` (like ``jax.core.eval_jaxpr``), with barriers after wide products
-    that are transposed and every higher-order primitive's jaxprs rewritten the same way."""
+    that are transposed, with ``merge`` the products that share an operand merged
+    (:mod:`bilevel.dot_merge`; ``invariant``: the positions of the inputs that are constants
+    of an enclosing loop), and every higher-order primitive's jaxprs rewritten the same way."""
     env: dict[Any, Any] = {}
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
 
+    def write(outvars, values):
+        for var, value in zip(outvars, values, strict=True):
+            if not isinstance(var, jcore.DropVar):
+                env[var] = value
+
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
+    if merge:
+        jaxpr = dot_merge.simplify(jaxpr)
+    fixed = dot_merge.loop_invariant(jaxpr, invariant)
+    groups = dot_merge.merge_groups(jaxpr, fixed) if merge else []
     transposed = _transposed_vars(jaxpr)
-    for eqn in jaxpr.eqns:
+    for node in dot_merge.schedule(jaxpr, groups):
+        eqns = [jaxpr.eqns[i] for i in node]
+        if len(eqns) > 1:
+            barrier = any(e.outvars[0] in transposed and _is_wide(e) for e in eqns)
+            write([e.outvars[0] for e in eqns], dot_merge.bind_merged(eqns, read, barrier))
+            continue
+        (eqn,) = eqns
         params = eqn.params
         if eqn.primitive.name in _HIGHER_ORDER:
-            params = {name: _rewrite_param(value) for name, value in params.items()}
+            invariants = dot_merge.sub_invariants(eqn, fixed)
+            params = {
+                name: _rewrite_param(value, merge, invariants.get(name, ()))
+                for name, value in params.items()
+            }
         bind_params = eqn.primitive.get_bind_params(params)
         with eqn.ctx.manager:
             outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
@@ -135,25 +168,26 @@ def _evaluate(jaxpr, consts, args) -> list:
             outs = [outs]
         if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):
             outs = [lax.optimization_barrier(outs[0])]
-        for var, value in zip(eqn.outvars, outs, strict=True):
-            if not isinstance(var, jcore.DropVar):
-                env[var] = value
+        write(eqn.outvars, outs)
     return [read(v) for v in jaxpr.outvars]
 
 
-def _rewrite_param(value):
+def _rewrite_param(value, merge: bool, invariant: tuple[int, ...]):
     if isinstance(value, jcore.ClosedJaxpr):
-        return _rewrite_closed(value)
+        return _rewrite_closed(value, merge, invariant)
     if isinstance(value, tuple) and value and all(isinstance(v, jcore.ClosedJaxpr) for v in value):
-        return tuple(_rewrite_closed(v) for v in value)
+        return tuple(_rewrite_closed(v, merge, invariant) for v in value)
     return value
 
 
-def _rewrite_closed(closed):
+def _rewrite_closed(closed, merge: bool, invariant: tuple[int, ...]):
     """``closed`` re-traced through :func:`_evaluate`, with the same input avals."""
     avals = [v.aval for v in closed.jaxpr.invars]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    new = jax.make_jaxpr(lambda *args: _evaluate(closed.jaxpr, closed.consts, args))(*structs)
+    evaluate = functools.partial(
+        _evaluate, closed.jaxpr, closed.consts, merge=merge, invariant=invariant
+    )
+    new = jax.make_jaxpr(lambda *args: evaluate(args))(*structs)
     if [v.aval for v in new.jaxpr.invars] != avals:
         raise TypeError("re-traced jaxpr changed its input types")
     return new

@@ -48,6 +48,8 @@ def inner_sgd(problem: BilevelProblem, mb: Minibatches, x, y, lr, num_steps: int
     def body(y_, t):
         return tree_axpy(-lr, oracles.grad_y(problem.inner, x, y_, mb.inner(first + t)), y_), None
 
+    if num_steps == 1:  # no loop: the step's other derivatives at (x, y) on the same draw
+        return body(y, 0)[0]  # (SOBA's) then share its forward pass (bilevel.dot_merge)
     y, _ = jax.lax.scan(body, y, jnp.arange(num_steps))
     return y
 

@@ -1,0 +1,195 @@
+"""bilevel.dot_merge (through wide_dots.keep_wide_dots): products that share an operand run as
+one, values unchanged; duplicates shared, dead code dropped; what must not merge does not."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bilevel as bl
+from bilevel import dot_merge, run, wide_dots
+
+B, D, C = 32, 40, 3  # the batch (B, D) holds at least MIN_SHARED_RATIO times the weights' numbers
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    X = jnp.asarray(rng.standard_normal((B, D)))
+    labels = jnp.asarray(rng.integers(0, C, B))
+    W = jnp.asarray(0.1 * rng.standard_normal((D, C)))
+    V = jnp.asarray(rng.standard_normal((D, C)))
+    return X, labels, W, V
+
+
+def _loss(W, X, labels):
+    z = X @ W
+    return jnp.mean(jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(labels, C), 1))
+
+
+def _hvp(W, V, X, labels):  # forward over reverse: X W (primal) and X V (tangent) on one X
+    return jax.jvp(lambda W_: jax.grad(_loss)(W_, X, labels), (W,), (V,))[1]
+
+
+def _products(fn, *args) -> int:
+    """dot_general equations of ``fn``'s jaxpr (nested jaxprs included)."""
+    return str(jax.make_jaxpr(fn)(*args)).count("dot_general[")
+
+
+@pytest.fixture
+def merging(monkeypatch):
+    monkeypatch.setenv("BILEVEL_MERGE_DOTS", "1")
+
+
+def test_an_hvp_makes_its_two_forward_products_as_one(merging):
+    X, labels, W, V = _data()
+    # the jaxpr: X W and X V forward, the tangent's backward product, and the primal gradient's
+    # backward product, which is dead code (only the tangent is returned)
+    assert _products(_hvp, W, V, X, labels) == 4
+    rewritten = wide_dots.keep_wide_dots(_hvp)
+    assert _products(rewritten, W, V, X, labels) == 2  # X [W, V], and the live backward one
+    np.testing.assert_allclose(
+        jax.jit(rewritten)(W, V, X, labels), _hvp(W, V, X, labels), rtol=1e-12, atol=1e-15
+    )
+
+
+def test_off_with_the_environment_switch(monkeypatch):
+    monkeypatch.setenv("BILEVEL_MERGE_DOTS", "0")
+    X, labels, W, V = _data()
+    assert not wide_dots.merging()
+    assert _products(wide_dots.keep_wide_dots(_hvp), W, V, X, labels) == 4
+
+
+def test_shared_right_operand_and_batch_dimensions(merging):
+    """Backward products D_k^T X (the shared operand on the right) and vmapped (batched)
+    products merge too, with the stacked axis put where each member's output expects it."""
+    X, _, W, V = _data()
+    D1, D2 = X @ W, X @ V  # (B, C) "cotangents"
+
+    def backward(D1, D2, X):  # D^T X with D contracted on its leading axis, as reverse mode does
+        dims = (((0,), (0,)), ((), ()))
+        return jax.lax.dot_general(D1, X, dims) * 2.0, jax.lax.dot_general(D2, X, dims)
+
+    rewritten = wide_dots.keep_wide_dots(backward)
+    assert _products(rewritten, D1, D2, X) == 1
+    for got, want in zip(jax.jit(rewritten)(D1, D2, X), backward(D1, D2, X), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+    Xs, Ws, Vs = jnp.stack([X, 2 * X]), jnp.stack([W, -W]), jnp.stack([V, V + 1])  # two seeds
+    pair = jax.vmap(lambda X, W, V: (X @ W, X @ V))  # batched products
+    rewritten = wide_dots.keep_wide_dots(pair)
+    assert _products(rewritten, Xs, Ws, Vs) == 1
+    for got, want in zip(jax.jit(rewritten)(Xs, Ws, Vs), pair(Xs, Ws, Vs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_what_must_not_merge_does_not(merging):
+    X, _, W, V = _data()
+    keep = wide_dots.keep_wide_dots
+    # the second product needs the first: they cannot run as one
+    assert _products(keep(lambda X, W: X @ (W + (X @ W).sum())), X, W) == 2
+    # matrix-vector products: stacked into an n = 2 matrix product they measured slower
+    assert _products(keep(lambda X, u, v: (X @ u, X @ v)), X, W[:, 0], V[:, 0]) == 2
+    # the shared operand is not the larger one: stacking the others would cost more
+    big = jnp.ones((D, 4 * B))
+    assert _products(keep(lambda X, P, Q: (X @ P, X @ Q)), X, big, big + 1) == 2
+    # a product with a transposed partner (V^T X^T), which XLA may share with X V
+    partner = lambda X, W, V: (X @ W, X @ V, jax.lax.dot_general(V.T, X, (((1,), (1,)), ((), ()))))  # noqa: E731
+    assert _products(keep(partner), X, W, V) == 3
+
+
+def test_a_loop_invariant_product_is_not_tied_to_one_that_changes(merging):
+    """In a loop whose W is constant, XLA hoists X W out of the loop; merged with X V_t it
+    would run every iteration (AID's conjugate gradient)."""
+    X, _, W, V = _data()
+
+    def loop(X, W, V):
+        def body(V, _):
+            return V - 0.01 * (X.T @ ((X @ W) * (X @ V))), None
+
+        return jax.lax.scan(body, V, None, length=3)[0]
+
+    rewritten = wide_dots.keep_wide_dots(loop)
+    assert _products(rewritten, X, W, V) == 3
+    np.testing.assert_allclose(jax.jit(rewritten)(X, W, V), loop(X, W, V), rtol=1e-12)
+
+    def loop_over_w(X, W, V):  # both change every iteration: merged
+        def body(carry, _):
+            W, V = carry
+            return (0.9 * W, V - 0.01 * (X.T @ ((X @ W) * (X @ V)))), None
+
+        return jax.lax.scan(body, (W, V), None, length=3)[0][1]
+
+    rewritten = wide_dots.keep_wide_dots(loop_over_w)
+    assert _products(rewritten, X, W, V) == 2
+    np.testing.assert_allclose(jax.jit(rewritten)(X, W, V), loop_over_w(X, W, V), rtol=1e-12)
+
+
+def test_simplify_shares_duplicates_drops_dead_code_keeps_effects():
+    X, _, W, _ = _data()
+    seen = []
+
+    def program(X, W):
+        unused = jnp.sin(X @ W)  # noqa: F841  (dead)
+        a, b = jnp.exp(X) @ W, jnp.exp(X) @ W  # the same computation twice
+        jax.debug.callback(lambda v: seen.append(float(v)), jnp.sum(a))
+        return a + b
+
+    jaxpr = jax.make_jaxpr(program)(X, W).jaxpr
+    simple = dot_merge.simplify(jaxpr)
+    names = [e.primitive.name for e in simple.eqns]
+    assert names.count("exp") == 1 and names.count("dot_general") == 1 and "sin" not in names
+    assert "debug_callback" in names
+    out = jax.jit(wide_dots.keep_wide_dots(program))(X, W)
+    np.testing.assert_allclose(out, program(X, W), rtol=1e-12)
+    assert len(seen) == 2  # the eager call and the rewritten one: the callback still runs
+
+
+def test_schedule_falls_back_when_groups_would_make_a_cycle():
+    def program(X, W, V):
+        a = X @ W  # group 1: a and d
+        b = (X @ V).sum()  # group 2: b and c
+        c = X @ (V * a.sum())  # c needs a
+        d = X @ (W * b)  # d needs b: merging {a, d} and {b, c} would be a cycle
+        return c, d
+
+    X, _, W, V = _data()
+    jaxpr = dot_merge.simplify(jax.make_jaxpr(program)(X, W, V).jaxpr)
+    dots = [i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == "dot_general"]
+    a, b, c, d = dots
+    order = dot_merge.schedule(jaxpr, [(a, d), (b, c)])
+    assert order == [(i,) for i in range(len(jaxpr.eqns))]
+    merged = dot_merge.schedule(jaxpr, [(a, d)])  # one group alone is fine
+    assert (a, d) in merged and len(merged) == len(jaxpr.eqns) - 1
+
+
+def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
+    """A whole stocBiO run (its Neumann HVPs merge) with and without: the same iterates up to
+    summation order (float64)."""
+    X, labels, _, _ = _data(1)
+    n = X.shape[0]
+
+    def inner(x, y, batch):
+        weights = jax.nn.sigmoid(x[batch["index"]])
+        z = batch["X"] @ y
+        ce = jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(batch["label"], C), 1)
+        return jnp.mean(weights * ce) + 0.1 * jnp.sum(y**2)
+
+    problem = bl.BilevelProblem(
+        outer=lambda x, y, batch: _loss(y, batch["X"], batch["label"]),
+        inner=inner,
+        x0=jnp.zeros(n),
+        y0=jnp.zeros((D, C)),
+        outer_data={"X": X, "label": labels},
+        inner_data={"X": X, "label": labels, "index": jnp.arange(n)},
+    )
+    solver = bl.solvers.make("stocbio", batch_size=16, inner_steps=2, neumann_steps=3)
+    results, products = {}, {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("BILEVEL_MERGE_DOTS", setting)
+        run._COMPILED.clear()
+        results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
+        (chunk,) = [fn for key, fn in run._COMPILED.items() if key[0] == "chunk"]
+        products[setting] = chunk.as_text().count(f"[16,{2 * C}]{{1,0}} dot(")
+    assert products == {"1": 1, "0": 0}  # the Neumann HVP's X [W, V], (16, 2 x 3)
+    np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
