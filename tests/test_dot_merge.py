@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_wide_dots import _cleaning_like_problem
 
 import bilevel as bl
 from bilevel import dot_merge, run, wide_dots
@@ -165,23 +166,7 @@ def test_schedule_falls_back_when_groups_would_make_a_cycle():
 def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
     """A whole stocBiO run (its Neumann HVPs merge) with and without: the same iterates up to
     summation order (float64)."""
-    X, labels, _, _ = _data(1)
-    n = X.shape[0]
-
-    def inner(x, y, batch):
-        weights = jax.nn.sigmoid(x[batch["index"]])
-        z = batch["X"] @ y
-        ce = jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(batch["label"], C), 1)
-        return jnp.mean(weights * ce) + 0.1 * jnp.sum(y**2)
-
-    problem = bl.BilevelProblem(
-        outer=lambda x, y, batch: _loss(y, batch["X"], batch["label"]),
-        inner=inner,
-        x0=jnp.zeros(n),
-        y0=jnp.zeros((D, C)),
-        outer_data={"X": X, "label": labels},
-        inner_data={"X": X, "label": labels, "index": jnp.arange(n)},
-    )
+    problem = _cleaning_like_problem()  # 16 rows of 48 pixels, 3 classes
     solver = bl.solvers.make("stocbio", batch_size=16, inner_steps=2, neumann_steps=3)
     results, products = {}, {}
     for setting in ("1", "0"):
@@ -190,6 +175,6 @@ def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
         results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
         (chunk,) = [fn for key, fn in run._COMPILED.items() if key[0] == "chunk"]
         products[setting] = chunk.as_text().count(f"[16,{2 * C}]{{1,0}} dot(")
-    assert products == {"1": 1, "0": 0}  # the Neumann HVP's X [W, V], (16, 2 x 3)
+    assert products == {"1": 1, "0": 0}  # the Neumann HVP's X [W, V]: (16, 2 x 3)
     np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
