@@ -74,7 +74,8 @@ def merging() -> bool:
 
 
 def keep_wide_dots(fn: Callable) -> Callable:
-    """``fn`` with a barrier after every wide, transposed rank-2 product (module docstring).
+    """``fn`` with a barrier after every wide, transposed rank-2 product and, unless
+    ``BILEVEL_MERGE_DOTS=0``, products that share an operand merged (module docstring).
 
     The returned function traces ``fn`` to a jaxpr at each call (so it is meant to be called
     under ``jax.jit``) and evaluates the rewritten jaxpr. If the rewrite fails (a primitive it
@@ -144,7 +145,7 @@ def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = 
     env.update(zip(jaxpr.invars, args, strict=True))
     if merge:
         jaxpr = dot_merge.simplify(jaxpr)
-    fixed = dot_merge.loop_invariant(jaxpr, invariant)
+    fixed = dot_merge.loop_invariant(jaxpr, invariant) if merge else set()
     groups = dot_merge.merge_groups(jaxpr, fixed) if merge else []
     transposed = _transposed_vars(jaxpr)
     for node in dot_merge.schedule(jaxpr, groups):
