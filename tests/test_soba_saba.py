@@ -6,6 +6,8 @@ The library's v is the paper's -v: v <- v - rho (H v - grad_y f), x-direction
 grad_x f - d2g/dxdy v.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -239,3 +241,17 @@ def test_bad_options(quad):
         bl.solve(sto, bl.solvers.make("saba", lr_inner=0.1, batch_size=None), steps=2)
     with pytest.raises(ValueError, match="batch_size=64 is larger"):
         bl.solve(sto, bl.solvers.make("saba", lr_inner=0.1), steps=2)  # default 64 > 40
+
+
+def test_saba_warns_before_large_memory_tables(small_sto, monkeypatch):
+    """SAGA's tables: 40 inner rows of 2 dim_y + dim_x = 11 numbers and 40 outer rows of
+    dim_x + dim_y = 7, float64: 40 * 18 * 8 = 5,760 bytes. Above the threshold: a warning
+    naming the size; at it: none."""
+    saba = bl.solvers.make("saba", lr_inner=0.1, batch_size=5)
+    monkeypatch.setattr(type(saba), "memory_warning_bytes", 5759)
+    with pytest.warns(UserWarning, match=r"SABA on .*40 inner rows of 11 numbers.*'soba'"):
+        saba.check_problem(small_sto)
+    monkeypatch.setattr(type(saba), "memory_warning_bytes", 5760)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        saba.check_problem(small_sto)

@@ -10,6 +10,7 @@ computed for it, and estimate the mean over the data by ``new_i - memory_i + mea
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -156,6 +157,8 @@ class SABA(SOBA):
 
     name: ClassVar[str] = "saba"
     regimes: ClassVar[dict[str, tuple[float, float]]] = {"constant": (0.0, 0.0)}
+    #: warn when the per-sample memory tables would hold more than this many bytes
+    memory_warning_bytes: ClassVar[int] = 2**30
 
     def validate(self) -> None:
         super().validate()
@@ -172,6 +175,27 @@ class SABA(SOBA):
                 f"SABA(batch_size=None) on {problem.name}: SAGA keeps one memory row per sample "
                 "and draws minibatches from the finite-sum data; give batch_size (e.g. 64), or "
                 "use 'soba' for full-batch steps."
+            )
+        self._warn_about_table_memory(problem)
+
+    def _warn_about_table_memory(self, problem: BilevelProblem) -> None:
+        """SAGA's tables hold, per inner sample, grad_y g, the HVP and the cross product (dim y,
+        dim y, dim x numbers) and per outer sample grad_x f and grad_y f: on data cleaning,
+        where dim x is the number of samples, that is n^2 numbers (20,000 samples: 2.2 GB
+        before the init pass's temporaries). Say so before the allocation fails."""
+        dim_x = sum(a.size for a in jax.tree.leaves(problem.x0))
+        dim_y = sum(a.size for a in jax.tree.leaves(problem.y0))
+        itemsize = jnp.result_type(*jax.tree.leaves((problem.x0, problem.y0))).itemsize
+        rows_in = num_samples(problem.inner_data) or 0
+        rows_out = num_samples(problem.outer_data) or 0
+        numbers = rows_in * (2 * dim_y + dim_x) + rows_out * (dim_x + dim_y)
+        if numbers * itemsize > self.memory_warning_bytes:
+            warnings.warn(
+                f"SABA on {problem.name}: its per-sample memory tables take "
+                f"{numbers * itemsize / 2**30:.1f} GiB ({rows_in} inner rows of "
+                f"{2 * dim_y + dim_x} numbers, {rows_out} outer rows of {dim_x + dim_y}), and "
+                "the init pass more; consider 'soba' (no tables) or init_memory='zero'.",
+                stacklevel=3,
             )
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> SABAState:
