@@ -249,7 +249,7 @@ def test_saba_warns_before_large_memory_tables(small_sto, monkeypatch):
     naming the size; at it: none."""
     saba = bl.solvers.make("saba", lr_inner=0.1, batch_size=5)
     monkeypatch.setattr(type(saba), "memory_warning_bytes", 5759)
-    with pytest.warns(UserWarning, match=r"SABA on .*40 inner rows of 11 numbers.*'soba'"):
+    with pytest.warns(UserWarning, match=r"SABA on .*40 inner rows of 11 numbers.*consider 'soba'"):
         saba.check_problem(small_sto)
     monkeypatch.setattr(type(saba), "memory_warning_bytes", 5760)
     with warnings.catch_warnings():
