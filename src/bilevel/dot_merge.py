@@ -129,7 +129,7 @@ def _merge_key(eqn, position: int):
     other_bound = (rhs_contract, rhs_batch) if position == 0 else (lhs_contract, lhs_batch)
     if other.aval.ndim == sum(map(len, other_bound)):  # no free dimension: matrix-vector
         return None  # products stacked into an n = 2 matrix product measured slower (SOBA)
-    params = tuple(sorted((k, repr(p)) for k, p in eqn.params.items()))
+    params = tuple(sorted((k, _param_key(p)) for k, p in eqn.params.items()))
     return position, shared, other.aval.shape, other.aval.dtype, params
 
 
@@ -223,6 +223,8 @@ def schedule(jaxpr: jcore.Jaxpr, groups: Sequence[Node]) -> list[Node]:
     order, the original one where it can be. Without merges if the groups would make a cycle
     (each group is acyclic with the equations before it, not necessarily with other groups)."""
     node_of = {i: (i,) for i in range(len(jaxpr.eqns))}
+    if not groups:  # nothing merged (or merging off): the jaxpr's own order
+        return list(node_of.values())
     for group in groups:
         node_of.update((i, group) for i in group)
     producer = {v: node_of[i] for i, eqn in enumerate(jaxpr.eqns) for v in eqn.outvars}

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ... import oracles
-from ..._tree import tree_axpy, tree_sub
+from ..._tree import tree_axpy, tree_size, tree_sub
 from ...oracles import Counts
 from ...problem import BilevelProblem
 from ...sampling import num_samples
@@ -184,8 +184,7 @@ class SABA(SOBA):
         where dim x is the number of samples, that is n^2 numbers (20,000 + 5,000 samples, dim y
         7,840: 3.2 GiB in float32, before the init pass's temporaries). Say so before the
         allocation fails."""
-        dim_x = sum(a.size for a in jax.tree.leaves(problem.x0))
-        dim_y = sum(a.size for a in jax.tree.leaves(problem.y0))
+        dim_x, dim_y = tree_size(problem.x0), tree_size(problem.y0)
         itemsize = jnp.result_type(*jax.tree.leaves((problem.x0, problem.y0))).itemsize
         rows_in = num_samples(problem.inner_data) or 0
         rows_out = num_samples(problem.outer_data) or 0
