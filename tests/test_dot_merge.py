@@ -145,6 +145,41 @@ def test_simplify_shares_duplicates_drops_dead_code_keeps_effects():
     assert len(seen) == 2  # the eager call and the rewritten one: the callback still runs
 
 
+def test_simplify_writes_products_as_xla_would_see_them():
+    """A product by the literal 1, a ravel-unravel round trip and a transposed product
+    ``(V^T X^T)^T`` (SOBA's cross derivative) all become ``X V``, shared with the one already
+    there; the transposed weight gradient ``(D^T X)^T`` keeps its form (wide_dots keeps it
+    wide)."""
+    X, _, W, V = _data()
+
+    def program(X, W, V, D):
+        times_one = jax.lax.dot_general(1.0, V, (((), ()), ((), ())))
+        unraveled = V.reshape(-1).reshape(V.shape)
+        return X @ W, X @ V, (unraveled.T @ X.T).T, X @ times_one, (D.T @ X).T
+
+    D = X @ W
+    closed = jax.make_jaxpr(program)(X, W, V, D)
+    simple = dot_merge.simplify(closed.jaxpr)
+    dots = [e for e in simple.eqns if e.primitive.name == "dot_general"]
+    assert [e.params["dimension_numbers"][0] for e in dots] == [((1,), (0,))] * 2 + [((0,), (0,))]
+    assert simple.outvars[1] is simple.outvars[2] is simple.outvars[3]
+    assert simple.eqns[-1].primitive.name == "transpose"  # (D^T X)^T: product, then transpose
+    simplified = jax.core.eval_jaxpr(simple, closed.consts, X, W, V, D)
+    for got, want in zip(simplified, program(X, W, V, D), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+def test_sobas_forward_products_merge_on_data_cleaning(merging):
+    """SOBA's step on one minibatch: ``X W`` (gradient), ``X V`` (HVP tangent) and the cross
+    derivative's ``(V^T X^T)^T``, which is ``X V`` again, run as one product ``X [W, V]``."""
+    problem = _cleaning_like_problem()
+    solver = bl.solvers.make("soba", batch_size=16).resolve(problem)
+    state = solver.init(problem, jax.random.key(0))
+    rewritten = wide_dots.keep_wide_dots(lambda s: solver.step(problem, s))
+    hlo = jax.jit(rewritten).lower(state).compile().as_text()
+    assert hlo.count(f"[16,{2 * C}]{{1,0}} dot(") == 1
+
+
 def test_schedule_falls_back_when_groups_would_make_a_cycle():
     def program(X, W, V):
         a = X @ W  # group 1: a and d
@@ -175,6 +210,7 @@ def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
         results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
         (chunk,) = [fn for key, fn in run._COMPILED.items() if key[0] == "chunk"]
         products[setting] = chunk.as_text().count(f"[16,{2 * C}]{{1,0}} dot(")
-    assert products == {"1": 1, "0": 0}  # the Neumann HVP's X [W, V]: (16, 2 x 3)
+    # X [W, V], (16, 2 x 3): the Neumann HVP's, and the cross derivative's at the outer step
+    assert products == {"1": 2, "0": 0}
     np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)

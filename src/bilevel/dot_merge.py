@@ -12,11 +12,13 @@ data cleaning 1,300 -> 1,180 us per step (``docs/performance.md``).
 This module plans that rewrite on a jaxpr, for :func:`bilevel.wide_dots.keep_wide_dots`, which
 re-traces the program through it:
 
-* :func:`simplify`: common-subexpression elimination, then dead-code elimination. Both matter
-  before merging: XLA shares an HVP's primal ``X @ W`` with the gradient's identical product
-  (two oracle calls on one minibatch), which a merge made before that sharing would undo, and
-  an HVP's primal gradient is dead code that XLA drops, unless a merge ties it to the live
-  tangent product;
+* :func:`simplify`: products in the form XLA gives them (transposes folded into the
+  contraction, products by one and ravel-unravel round trips dropped), common-subexpression
+  elimination, then dead-code elimination. All matter before merging: XLA shares an HVP's
+  primal ``X @ W`` with the gradient's identical product (two oracle calls on one minibatch),
+  and SOBA's cross product ``(V^T X^T)^T`` with its HVP's ``X @ V``, which a merge made before
+  that sharing would undo, and an HVP's primal gradient is dead code that XLA drops, unless a
+  merge ties it to the live tangent product;
 * :func:`merge_groups`: the ``dot_general`` equations that share one operand (the same
   variable, in the same position, with the same parameters and equally shaped other operands)
   where neither depends on the other. Left out, each for a measured reason given where it is
@@ -91,10 +93,84 @@ def _param_key(value):
     return repr(value)
 
 
+def _is_one(v) -> bool:
+    return isinstance(v, jcore.Literal) and v.aval.shape == () and v.val == 1
+
+
+def _matrix_dims(eqn):
+    """``(lhs_contract, rhs_contract)`` of a rank-2 by rank-2 ``dot_general`` without batch
+    dimensions (one contracted axis each), or None for any other equation."""
+    if eqn is None or eqn.primitive is not lax.dot_general_p:
+        return None
+    (lhs_contract, rhs_contract), batch = eqn.params["dimension_numbers"]
+    if any(batch) or [v.aval.ndim for v in eqn.invars] != [2, 2] or len(lhs_contract) != 1:
+        return None
+    return lhs_contract[0], rhs_contract[0]
+
+
+def _is_row_major_reshape(eqn) -> bool:
+    return (
+        eqn is not None
+        and eqn.primitive is lax.reshape_p
+        and eqn.params.get("dimensions") is None
+        and len(eqn.invars) == 1
+        and _is_var(eqn.invars[0])
+    )
+
+
+def _with_dims(eqn, invars, lhs_contract: int, rhs_contract: int, outvars=None):
+    dims = (((lhs_contract,), (rhs_contract,)), ((), ()))
+    return eqn.replace(
+        invars=list(invars),
+        outvars=eqn.outvars if outvars is None else outvars,
+        params=dict(eqn.params, dimension_numbers=dims),
+    )
+
+
+def _canonical(eqn, producer: dict):
+    """``eqn`` in the form XLA gives it after its own simplifications, so that products it
+    computes once are one equation here too: a product by the literal 1 is its other operand
+    (returned as a variable); a matrix transpose feeding a product becomes the product's
+    contracting axis; the transpose of a product ``P^T Q^T`` (``P`` contracted on its leading,
+    ``Q`` on its trailing axis) becomes the plain matrix product ``Q P``. SOBA's cross product
+    ``V^T X^T``, transposed, is then its HVP's ``X V``, and shares ``X`` with ``X W``."""
+    if eqn.primitive is lax.dot_general_p and eqn.params["dimension_numbers"] == (
+        ((), ()),
+        ((), ()),
+    ):
+        for one, other in (eqn.invars, eqn.invars[::-1]):
+            if _is_one(one) and _is_var(other) and other.aval == eqn.outvars[0].aval:
+                return other
+    dims = _matrix_dims(eqn)
+    if dims is not None:
+        invars, dims = list(eqn.invars), list(dims)
+        for k, v in enumerate(invars):
+            source = producer.get(v) if _is_var(v) else None
+            if source is not None and source.primitive is lax.transpose_p:
+                if source.params["permutation"] == (1, 0) and _is_var(source.invars[0]):
+                    invars[k], dims[k] = source.invars[0], 1 - dims[k]
+        if invars != eqn.invars:
+            return _with_dims(eqn, invars, *dims)
+    if eqn.primitive is lax.reshape_p and _is_row_major_reshape(eqn):
+        source = producer.get(eqn.invars[0])
+        if _is_row_major_reshape(source):  # a ravel and unravel: the original array
+            (base,) = source.invars
+            if base.aval == eqn.outvars[0].aval:
+                return base
+            return eqn.replace(invars=[base])
+    if eqn.primitive is lax.transpose_p and eqn.params["permutation"] == (1, 0):
+        source = producer.get(eqn.invars[0]) if _is_var(eqn.invars[0]) else None
+        if _matrix_dims(source) == (0, 1):
+            return _with_dims(source, source.invars[::-1], 1, 0, outvars=eqn.outvars)
+    return eqn
+
+
 def simplify(jaxpr: jcore.Jaxpr) -> jcore.Jaxpr:
-    """``jaxpr`` with duplicate equations removed (their uses read the first copy) and the
-    equations whose outputs nothing uses dropped (unless they have effects)."""
+    """``jaxpr`` with matrix products in canonical form (:func:`_canonical`), duplicate
+    equations removed (their uses read the first copy) and the equations whose outputs
+    nothing uses dropped (unless they have effects)."""
     alias: dict = {}
+    producer: dict = {}
 
     def resolve(v):
         return alias.get(v, v) if _is_var(v) else v
@@ -103,12 +179,18 @@ def simplify(jaxpr: jcore.Jaxpr) -> jcore.Jaxpr:
     eqns = []
     for eqn in jaxpr.eqns:
         eqn = eqn.replace(invars=[resolve(v) for v in eqn.invars])
+        canonical = _canonical(eqn, producer)
+        if not isinstance(canonical, jcore.JaxprEqn):  # the equation is one of its operands
+            alias[eqn.outvars[0]] = canonical
+            continue
+        eqn = canonical
         key = _cse_key(eqn, resolve)
         if key is not None and key in seen:
             alias.update(zip(eqn.outvars, seen[key], strict=True))
             continue
         if key is not None:
             seen[key] = eqn.outvars
+        producer.update((v, eqn) for v in eqn.outvars)
         eqns.append(eqn)
     outvars = [resolve(v) for v in jaxpr.outvars]
     live = {v for v in outvars if _is_var(v)}
@@ -134,18 +216,21 @@ def _merge_key(eqn, position: int):
 
 
 def _transposed_partners(jaxpr: jcore.Jaxpr) -> set:
-    """``(a, shape)`` for every product of ``a`` with a transpose ``b^T`` (``b`` of that
-    shape). XLA folds the transpose, and where ``b`` turns out to equal the other operand of
-    another product with ``a`` (which the jaxpr may not show: SOBA's cross product ``V^T X^T``
-    is its HVP's tangent ``X V`` after XLA's simplifications), it computes the two as one;
-    merging that other product away would cost a product. Products of ``a`` with an operand of
-    that shape are therefore left unmerged."""
+    """``(a, shape)`` for every product that XLA may compute as ``a b`` transposed, ``b`` of
+    that shape: a matrix product ``b^T a^T`` (left operand contracted on its leading axis,
+    right on its trailing one; :func:`simplify` has folded explicit transposes into this
+    form), or a product of ``a`` with a transpose that :func:`simplify` did not fold. Where
+    ``b`` turns out to equal the other operand of another product with ``a`` (which the jaxpr
+    may not show), XLA computes the two as one, and merging that other product away would
+    cost a product. Products of ``a`` with an operand of that shape are left unmerged."""
     transposed = {eqn.outvars[0] for eqn in jaxpr.eqns if eqn.primitive is lax.transpose_p}
     partners = set()
     for eqn in jaxpr.eqns:
         if eqn.primitive is lax.dot_general_p and all(map(_is_var, eqn.invars)):
             a, b = eqn.invars
             partners.update((x, y.aval.shape[::-1]) for x, y in ((a, b), (b, a)) if y in transposed)
+            if _matrix_dims(eqn) == (0, 1):  # a^T b^T = (b a)^T
+                partners.add((b, a.aval.shape))
     return partners
 
 
