@@ -214,3 +214,15 @@ def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
     assert products == {"1": 2, "0": 0}
     np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
+
+
+def test_a_transposed_product_used_elsewhere_too_is_not_computed_twice():
+    X, _, _, V = _data()
+
+    def program(X, V):
+        product = V.T @ X.T  # P^T Q^T with P = V, Q = X
+        return product, product.T
+
+    simple = dot_merge.simplify(jax.make_jaxpr(program)(X, V).jaxpr)
+    names = [e.primitive.name for e in simple.eqns]
+    assert names.count("dot_general") == 1 and names.count("transpose") == 1

@@ -36,6 +36,7 @@ The program's values are those of the original up to floating-point summation or
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
@@ -127,12 +128,13 @@ def _with_dims(eqn, invars, lhs_contract: int, rhs_contract: int, outvars=None):
     )
 
 
-def _canonical(eqn, producer: dict):
+def _canonical(eqn, producer: dict, uses: Counter):
     """``eqn`` in the form XLA gives it after its own simplifications, so that products it
     computes once are one equation here too: a product by the literal 1 is its other operand
     (returned as a variable); a matrix transpose feeding a product becomes the product's
     contracting axis; the transpose of a product ``P^T Q^T`` (``P`` contracted on its leading,
-    ``Q`` on its trailing axis) becomes the plain matrix product ``Q P``. SOBA's cross product
+    ``Q`` on its trailing axis) becomes the plain matrix product ``Q P`` (where the transpose
+    is the product's only use: otherwise both would be computed). SOBA's cross product
     ``V^T X^T``, transposed, is then its HVP's ``X V``, and shares ``X`` with ``X W``."""
     if eqn.primitive is lax.dot_general_p and eqn.params["dimension_numbers"] == (
         ((), ()),
@@ -160,7 +162,7 @@ def _canonical(eqn, producer: dict):
             return eqn.replace(invars=[base])
     if eqn.primitive is lax.transpose_p and eqn.params["permutation"] == (1, 0):
         source = producer.get(eqn.invars[0]) if _is_var(eqn.invars[0]) else None
-        if _matrix_dims(source) == (0, 1):
+        if _matrix_dims(source) == (0, 1) and uses[eqn.invars[0]] == 1:
             return _with_dims(source, source.invars[::-1], 1, 0, outvars=eqn.outvars)
     return eqn
 
@@ -171,22 +173,29 @@ def simplify(jaxpr: jcore.Jaxpr) -> jcore.Jaxpr:
     nothing uses dropped (unless they have effects)."""
     alias: dict = {}
     producer: dict = {}
+    uses = Counter(v for eqn in jaxpr.eqns for v in eqn.invars if _is_var(v))
+    uses.update(v for v in jaxpr.outvars if _is_var(v))
 
     def resolve(v):
         return alias.get(v, v) if _is_var(v) else v
+
+    def share(new, old):  # uses of ``new`` read ``old`` from here on
+        alias[new] = old
+        uses[old] += uses[new]
 
     seen: dict = {}
     eqns = []
     for eqn in jaxpr.eqns:
         eqn = eqn.replace(invars=[resolve(v) for v in eqn.invars])
-        canonical = _canonical(eqn, producer)
+        canonical = _canonical(eqn, producer, uses)
         if not isinstance(canonical, jcore.JaxprEqn):  # the equation is one of its operands
-            alias[eqn.outvars[0]] = canonical
+            share(eqn.outvars[0], canonical)
             continue
         eqn = canonical
         key = _cse_key(eqn, resolve)
         if key is not None and key in seen:
-            alias.update(zip(eqn.outvars, seen[key], strict=True))
+            for new, old in zip(eqn.outvars, seen[key], strict=True):
+                share(new, old)
             continue
         if key is not None:
             seen[key] = eqn.outvars
