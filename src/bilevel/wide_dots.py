@@ -15,7 +15,8 @@ operand contracted on its leading axis: :func:`_is_wide`) and is transposed afte
 barrier is an identity that XLA may not look through, so the product keeps its fast shape and
 the transpose stays a separate copy of ``m n`` numbers. On the same pass it merges independent
 products that share an operand into one (an HVP's ``X W`` and ``X V``: :mod:`bilevel.dot_merge`,
-after a common-subexpression and dead-code pass over each jaxpr). Values are those of the
+after :func:`bilevel.dot_merge.simplify` has written each jaxpr's products in XLA's form and
+removed its duplicate and dead equations). Values are those of the
 original program up to floating-point summation order.
 
 ``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
