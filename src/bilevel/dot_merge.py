@@ -350,14 +350,18 @@ def schedule(jaxpr: jcore.Jaxpr, groups: Sequence[Node]) -> list[Node]:
     return order
 
 
-def bind_merged(eqns: Sequence[jcore.JaxprEqn], read: Callable, barrier: bool) -> list:
+def bind_merged(
+    eqns: Sequence[jcore.JaxprEqn], read: Callable, barrier: bool, stack: Callable | None = None
+) -> list:
     """The members' outputs from one product on their stacked other operands (axis 0 of the
     stack is a free dimension of the product; each output is one index of it). ``barrier``:
-    an ``optimization_barrier`` on the product (see :mod:`bilevel.wide_dots`)."""
+    an ``optimization_barrier`` on the product (see :mod:`bilevel.wide_dots`). ``stack``: makes
+    the stack from the operands' variables (default: ``jnp.stack`` of their values)."""
     first = eqns[0]
     position = 0 if all(e.invars[0] is first.invars[0] for e in eqns) else 1
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = first.params["dimension_numbers"]
-    stacked = jnp.stack([read(e.invars[1 - position]) for e in eqns])
+    others = [e.invars[1 - position] for e in eqns]
+    stacked = stack(others) if stack is not None else jnp.stack([read(v) for v in others])
 
     def shift(dims):  # the stacked operand's dimensions move up by the new leading axis
         return tuple(d + 1 for d in dims)

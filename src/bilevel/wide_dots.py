@@ -37,7 +37,7 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
-from . import dot_merge
+from . import carry_layout, dot_merge
 
 __all__ = ["keep_wide_dots", "enabled"]
 
@@ -68,6 +68,12 @@ def enabled(mesh=None) -> bool:
     return jax.default_backend() == "cpu"
 
 
+def transposing() -> bool:
+    """Whether :func:`keep_wide_dots` also carries narrow matrices transposed through loops
+    (:mod:`bilevel.carry_layout`): unless ``BILEVEL_CARRY_LAYOUT=0``."""
+    return os.environ.get("BILEVEL_CARRY_LAYOUT", "1") != "0"
+
+
 def merging() -> bool:
     """Whether :func:`keep_wide_dots` also merges products that share an operand
     (:mod:`bilevel.dot_merge`): unless ``BILEVEL_MERGE_DOTS=0``."""
@@ -85,12 +91,15 @@ def keep_wide_dots(fn: Callable) -> Callable:
     """
 
     def rewritten(*args):
+        carry_layout.forget()  # decisions are per program (and hold its jaxprs)
         flat, treedef = jax.tree.flatten(args)
         closed, out_shape = jax.make_jaxpr(
             lambda *leaves: fn(*jax.tree.unflatten(treedef, leaves)), return_shape=True
         )(*flat)
         try:
-            outs = _evaluate(closed.jaxpr, closed.consts, flat, merge=merging())
+            outs = _evaluate(
+                closed.jaxpr, closed.consts, flat, merge=merging(), transpose=transposing()
+            )
         except Exception as err:  # noqa: BLE001  (a speed-up must never break a program)
             _log.info("keep_wide_dots: left %s unchanged (%s)", getattr(fn, "__name__", fn), err)
             return fn(*args)
@@ -127,12 +136,26 @@ def _is_wide(eqn) -> bool:
     return wide and tuple(rhs_contract) == (0,)
 
 
-def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = ()) -> list:
+def _evaluate(
+    jaxpr,
+    consts,
+    args,
+    *,
+    merge: bool,
+    transpose: bool = False,
+    invariant: tuple[int, ...] = (),
+    rep_args: dict | None = None,
+    rep_outs: dict | None = None,
+) -> list:
     """Evaluate ``jaxpr`` (like ``jax.core.eval_jaxpr``), with barriers after wide products
     that are transposed, with ``merge`` the products that share an operand merged
     (:mod:`bilevel.dot_merge`; ``invariant``: the positions of the inputs that are constants
-    of an enclosing loop), and every higher-order primitive's jaxprs rewritten the same way."""
+    of an enclosing loop), with ``transpose`` loops carrying narrow matrices transposed
+    (:mod:`bilevel.carry_layout`; ``rep_args``, ``rep_outs``: the positions of the inputs given
+    and outputs wanted transposed, with their classes), and every higher-order primitive's
+    jaxprs rewritten the same way."""
     env: dict[Any, Any] = {}
+    reps = carry_layout.Representations()
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -142,8 +165,18 @@ def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = 
             if not isinstance(var, jcore.DropVar):
                 env[var] = value
 
+    def evaluate(sub, sub_consts, sub_args, sub_invariant, sub_rep_args=None, sub_rep_outs=None):
+        return _evaluate(
+            sub, sub_consts, sub_args, merge=merge, transpose=transpose, invariant=sub_invariant,
+            rep_args=sub_rep_args, rep_outs=sub_rep_outs,
+        )  # fmt: skip
+
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
+    for position, cls in (rep_args or {}).items():
+        var = jaxpr.invars[position]
+        reps.set(var, args[position], cls)
+        env[var] = carry_layout.from_representation(args[position], cls, var.aval.shape)
     if merge:
         jaxpr = dot_merge.simplify(jaxpr)
     fixed = dot_merge.loop_invariant(jaxpr, invariant) if merge else set()
@@ -153,14 +186,21 @@ def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = 
         eqns = [jaxpr.eqns[i] for i in node]
         if len(eqns) > 1:
             barrier = any(e.outvars[0] in transposed and _is_wide(e) for e in eqns)
-            write([e.outvars[0] for e in eqns], dot_merge.bind_merged(eqns, read, barrier))
+            stack = functools.partial(reps.stack, read=read) if transpose else None
+            write([e.outvars[0] for e in eqns], dot_merge.bind_merged(eqns, read, barrier, stack))
             continue
         (eqn,) = eqns
         params = eqn.params
         if eqn.primitive.name in _HIGHER_ORDER:
             invariants = dot_merge.sub_invariants(eqn, fixed)
+            carried = carry_layout.loop_carries(eqn) if transpose and eqn.primitive.name in (
+                "scan", "while") else {}  # fmt: skip
+            outs = _bind_transposed(eqn, carried, transpose, read, reps, evaluate, invariants)
+            if outs is not None:
+                write(eqn.outvars, outs)
+                continue
             params = {
-                name: _rewrite_param(value, merge, invariants.get(name, ()))
+                name: _rewrite_param(value, merge, transpose, invariants.get(name, ()))
                 for name, value in params.items()
             }
         bind_params = eqn.primitive.get_bind_params(params)
@@ -171,23 +211,49 @@ def _evaluate(jaxpr, consts, args, *, merge: bool, invariant: tuple[int, ...] = 
         if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):
             outs = [lax.optimization_barrier(outs[0])]
         write(eqn.outvars, outs)
-    return [read(v) for v in jaxpr.outvars]
+        if transpose:
+            reps.note(eqn, read, write)
+    outs = [read(v) for v in jaxpr.outvars]
+    for position, cls in (rep_outs or {}).items():
+        outs[position] = reps.of(jaxpr.outvars[position], outs[position], cls)
+    return outs
 
 
-def _rewrite_param(value, merge: bool, invariant: tuple[int, ...]):
+def _bind_transposed(eqn, carried, transpose, read, reps, evaluate, invariants) -> list | None:
+    """A loop with ``carried`` carries transposed, or a call evaluated inline so that its
+    inputs and outputs keep their transposed forms (:mod:`bilevel.carry_layout`); None where
+    neither applies, or where it fails (a loop whose carry types it could not keep: the
+    equation is then rewritten as usual)."""
+    try:
+        if carried:
+            return carry_layout.bind_loop(eqn, carried, read, reps, evaluate, invariants)
+        if transpose and carry_layout.call_jaxpr(eqn) is not None:
+            name = carry_layout.CALLS[eqn.primitive.name]
+            return carry_layout.inline_call(eqn, read, reps, evaluate, invariants[name])
+    except Exception as err:  # noqa: BLE001  (a speed-up must never break a program)
+        _log.info("carry_layout: left a %s as it was (%s)", eqn.primitive.name, err)
+    return None
+
+
+def _rewrite_param(value, merge: bool, transpose: bool, invariant: tuple[int, ...]):
     if isinstance(value, jcore.ClosedJaxpr):
-        return _rewrite_closed(value, merge, invariant)
+        return _rewrite_closed(value, merge, transpose, invariant)
     if isinstance(value, tuple) and value and all(isinstance(v, jcore.ClosedJaxpr) for v in value):
-        return tuple(_rewrite_closed(v, merge, invariant) for v in value)
+        return tuple(_rewrite_closed(v, merge, transpose, invariant) for v in value)
     return value
 
 
-def _rewrite_closed(closed, merge: bool, invariant: tuple[int, ...]):
+def _rewrite_closed(closed, merge: bool, transpose: bool, invariant: tuple[int, ...]):
     """``closed`` re-traced through :func:`_evaluate`, with the same input avals."""
     avals = [v.aval for v in closed.jaxpr.invars]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     evaluate = functools.partial(
-        _evaluate, closed.jaxpr, closed.consts, merge=merge, invariant=invariant
+        _evaluate,
+        closed.jaxpr,
+        closed.consts,
+        merge=merge,
+        transpose=transpose,
+        invariant=invariant,
     )
     new = jax.make_jaxpr(lambda *args: evaluate(args))(*structs)
     if [v.aval for v in new.jaxpr.invars] != avals:

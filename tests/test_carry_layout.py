@@ -1,0 +1,190 @@
+"""bilevel.carry_layout (through wide_dots.keep_wide_dots): loops carry narrow weight matrices
+transposed where their updates are elementwise in the transposed gradient; values unchanged;
+carries that would need a transpose every step, or that a loop condition reads, stay as they
+are."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bilevel as bl
+from bilevel import carry_layout, run, wide_dots
+
+D, C, B = 256, 8, 16  # a narrow (D, C) weight matrix: C <= 16 columns, D >= 8 C, D C >= 2048
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    X = jnp.asarray(rng.standard_normal((B, D)))
+    labels = jnp.asarray(rng.integers(0, C, B))
+    W = jnp.asarray(0.1 * rng.standard_normal((D, C)))
+    return X, labels, W
+
+
+def _loss(W, X, labels):
+    z = X @ W.reshape(D, C)  # W: the (D, C) matrix, or the same numbers as a vector
+    return jnp.mean(jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(labels, C), 1))
+
+
+def _loop_carries(fn, *args) -> list[list[tuple[int, ...]]]:
+    """The carry shapes of every scan and while loop of ``fn``'s jaxpr (nested ones too)."""
+    found = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan":
+                body, first = eqn.params["jaxpr"].jaxpr, eqn.params["num_consts"]
+                carries = body.invars[first : first + eqn.params["num_carry"]]
+                found.append([v.aval.shape for v in carries])
+            elif eqn.primitive.name == "while":
+                body = eqn.params["body_jaxpr"].jaxpr
+                found.append([v.aval.shape for v in body.invars[eqn.params["body_nconsts"] :]])
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, tuple) else (value,):
+                    if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+                        visit(sub.jaxpr)
+
+    visit(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+@pytest.fixture
+def transposing(monkeypatch):
+    monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", "1")
+
+
+def _same(rewritten, program, *args):
+    for got, want in zip(jax.jit(rewritten)(*args), jax.jit(program)(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_a_narrow_weight_matrix_is_carried_transposed_by_gradient_steps(transposing):
+    X, labels, W = _data()
+    grad = jax.grad(_loss)
+
+    def program(W):
+        W = jax.lax.fori_loop(0, 3, lambda i, W: W - 0.1 * grad(W, X, labels), W)
+        return (W,)
+
+    rewritten = wide_dots.keep_wide_dots(program)
+    assert _loop_carries(program, W) == [[(), (D, C)]]
+    assert _loop_carries(rewritten, W) == [[(), (C, D)]]  # (counter, W^T)
+    _same(rewritten, program, W)
+
+
+def test_vectors_sums_nested_loops_and_calls(transposing):
+    """benchopt's layout: y a vector the loss reshapes; a Neumann-like loop with a running sum
+    (carried transposed because its next value is, once the iterate is); the loops inside a
+    jitted call inside an outer scan, which then carries y transposed too."""
+    X, labels, W = _data()
+    y0 = W.reshape(-1)
+    grad = jax.grad(_loss)
+
+    @jax.jit
+    def inner_steps(y):
+        y = jax.lax.fori_loop(0, 2, lambda i, y: y - 0.1 * grad(y, X, labels), y)
+
+        def term(carry, _):
+            v, total = carry
+            v = v - 0.01 * grad(v, X, labels)
+            return (v, total + v), None
+
+        (v, total), _ = jax.lax.scan(term, (y, jnp.zeros_like(y)), None, length=3)
+        return y - 0.001 * total
+
+    def program(y):
+        y, _ = jax.lax.scan(lambda y, _: (inner_steps(y), None), y, None, length=2)
+        return (y,)
+
+    flat = [(D * C,)]
+    assert _loop_carries(program, y0) == [flat, [(), *flat], flat * 2]
+    transposed = [(C, D)]
+    assert _loop_carries(wide_dots.keep_wide_dots(program), y0) == [
+        transposed,
+        [(), *transposed],
+        transposed * 2,
+    ]
+    _same(wide_dots.keep_wide_dots(program), program, y0)
+
+
+def test_what_would_need_a_transpose_each_step_stays(transposing, monkeypatch):
+    X, labels, W = _data()
+    grad = jax.grad(_loss)
+    mix = jnp.eye(C) + 0.01
+
+    def right_product(W):  # next W = (W - lr g) A: a product's narrow output, not a transpose
+        return (jax.lax.fori_loop(0, 2, lambda i, W: (W - 0.1 * grad(W, X, labels)) @ mix, W),)
+
+    def read_by_condition(W):  # the loop condition reads W
+        def body(carry):
+            return carry[0] - 0.1 * grad(carry[0], X, labels), carry[1] + 1
+
+        return jax.lax.while_loop(lambda c: (jnp.sum(c[0] ** 2) > 1e-3) & (c[1] < 3), body, (W, 0))
+
+    def small(W):  # (48, 3): too small to matter
+        w = W[:48, :3]
+        loss = lambda w: jnp.sum((X[:, :48] @ w) ** 2)  # noqa: E731
+        return (jax.lax.fori_loop(0, 2, lambda i, w: w - 0.1 * jax.grad(loss)(w), w),)
+
+    for program in (right_product, read_by_condition, small):
+        rewritten = wide_dots.keep_wide_dots(program)
+        assert _loop_carries(rewritten, W) == _loop_carries(program, W), program.__name__
+        _same(rewritten, program, W)
+    monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", "0")
+    plain = lambda W: (jax.lax.fori_loop(0, 2, lambda i, W: W - grad(W, X, labels), W),)  # noqa: E731
+    assert _loop_carries(wide_dots.keep_wide_dots(plain), W) == [[(), (D, C)]]
+
+
+def test_rule_covers_the_update_of_benchopts_inner_step():
+    """Representations flow through a reshape, a scalar broadcast, elementwise operations and a
+    full reduction, and out of a transposed wide product (the weight gradient)."""
+    X, labels, W = _data()
+    y = W.reshape(-1)
+
+    def step(y):
+        g = jax.grad(_loss)(y, X, labels) + 0.2 * 2.0 * y
+        return y - jnp.float64(0.1) * g, jnp.sum(y**2)
+
+    jaxpr = jax.make_jaxpr(step)(y).jaxpr
+    out = carry_layout.flow(jaxpr, {0: (D, C)})
+    assert out == {0: (D, C)}  # the next y; the sum is a value, not represented
+    assert carry_layout.flow(jaxpr, {}) == {}  # y itself not represented: its update is not
+
+
+def test_stocbio_runs_the_same_with_and_without(monkeypatch):
+    """A whole stocBiO run on a cleaning-like problem with a (256, 8) weight matrix: its inner
+    loop, Neumann loop and chunk carry W transposed, with the same iterates (float64)."""
+    X, labels, _ = _data(1)
+    n = X.shape[0]
+
+    def inner(x, y, batch):
+        weights = jax.nn.sigmoid(x[batch["index"]])
+        z = batch["X"] @ y
+        ce = jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(batch["label"], C), 1)
+        return jnp.mean(weights * ce) + 0.1 * jnp.sum(y**2)
+
+    problem = bl.BilevelProblem(
+        outer=lambda x, y, batch: _loss(y, batch["X"], batch["label"]),
+        inner=inner,
+        x0=jnp.zeros(n),
+        y0=jnp.zeros((D, C)),
+        outer_data={"X": X, "label": labels},
+        inner_data={"X": X, "label": labels, "index": jnp.arange(n)},
+    )
+    solver = bl.solvers.make("stocbio", batch_size=8, inner_steps=2, neumann_steps=3)
+    loops = []
+    bind_loop = carry_layout.bind_loop
+    monkeypatch.setattr(
+        carry_layout,
+        "bind_loop",
+        lambda eqn, carried, *a: loops.append(carried) or bind_loop(eqn, carried, *a),
+    )
+    results = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", setting)
+        run._COMPILED.clear()
+        results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
+    assert len(loops) >= 3 and all((D, C) in carried.values() for carried in loops)
+    np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
