@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_wide_dots import _cleaning_like_problem, _cross_entropy
+from test_wide_dots import _data as linear_layer_data
 
 import bilevel as bl
 from bilevel import carry_layout, run, wide_dots
@@ -15,16 +17,11 @@ D, C, B = 256, 8, 16  # a narrow (D, C) weight matrix: C <= 16 columns, D >= 8 C
 
 
 def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    X = jnp.asarray(rng.standard_normal((B, D)))
-    labels = jnp.asarray(rng.integers(0, C, B))
-    W = jnp.asarray(0.1 * rng.standard_normal((D, C)))
-    return X, labels, W
+    return linear_layer_data(seed, batch=B, dim=D, classes=C)
 
 
-def _loss(W, X, labels):
-    z = X @ W.reshape(D, C)  # W: the (D, C) matrix, or the same numbers as a vector
-    return jnp.mean(jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(labels, C), 1))
+def _loss(W, X, labels):  # W: the (D, C) matrix, or the same numbers as a vector
+    return _cross_entropy(W.reshape(D, C), X, labels)
 
 
 def _loop_carries(fn, *args) -> list[list[tuple[int, ...]]]:
@@ -155,23 +152,7 @@ def test_rule_covers_the_update_of_benchopts_inner_step():
 def test_stocbio_runs_the_same_with_and_without(monkeypatch):
     """A whole stocBiO run on a cleaning-like problem with a (256, 8) weight matrix: its inner
     loop, Neumann loop and chunk carry W transposed, with the same iterates (float64)."""
-    X, labels, _ = _data(1)
-    n = X.shape[0]
-
-    def inner(x, y, batch):
-        weights = jax.nn.sigmoid(x[batch["index"]])
-        z = batch["X"] @ y
-        ce = jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(batch["label"], C), 1)
-        return jnp.mean(weights * ce) + 0.1 * jnp.sum(y**2)
-
-    problem = bl.BilevelProblem(
-        outer=lambda x, y, batch: _loss(y, batch["X"], batch["label"]),
-        inner=inner,
-        x0=jnp.zeros(n),
-        y0=jnp.zeros((D, C)),
-        outer_data={"X": X, "label": labels},
-        inner_data={"X": X, "label": labels, "index": jnp.arange(n)},
-    )
+    problem = _cleaning_like_problem(dim=D, classes=C)
     solver = bl.solvers.make("stocbio", batch_size=8, inner_steps=2, neumann_steps=3)
     loops = []
     bind_loop = carry_layout.bind_loop

@@ -12,17 +12,22 @@ from bilevel import run, wide_dots
 D, C, B = 48, 3, 16  # a linear layer with few outputs: its weight gradient is a wide product
 
 
-def _data(seed=0):
+def _data(seed=0, batch=B, dim=D, classes=C):
+    """A minibatch ``X`` (batch, dim), its labels and weights ``W`` (dim, classes)."""
     rng = np.random.default_rng(seed)
-    X = jnp.asarray(rng.standard_normal((B, D)))
-    labels = jnp.asarray(rng.integers(0, C, B))
-    W = jnp.asarray(0.1 * rng.standard_normal((D, C)))
+    X = jnp.asarray(rng.standard_normal((batch, dim)))
+    labels = jnp.asarray(rng.integers(0, classes, batch))
+    W = jnp.asarray(0.1 * rng.standard_normal((dim, classes)))
     return X, labels, W
 
 
-def _cross_entropy(W, X, labels):
+def _cross_entropies(W, X, labels):
     z = X @ W
-    return jnp.mean(jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(labels, C), 1))
+    return jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(labels, W.shape[1]), 1)
+
+
+def _cross_entropy(W, X, labels):
+    return jnp.mean(_cross_entropies(W, X, labels))
 
 
 def _barriers(fn, *args) -> int:
@@ -100,14 +105,14 @@ def test_falls_back_to_the_original_program_when_the_rewrite_fails(monkeypatch):
     np.testing.assert_array_equal(jax.jit(rewritten)(W, X, labels), jax.jit(grad)(W, X, labels))
 
 
-def _cleaning_like_problem():
-    X, labels, _ = _data(1)
+def _cleaning_like_problem(dim=D, classes=C):
+    """Data hyper-cleaning on B random rows of ``dim`` pixels: y the (dim, classes) weights."""
+    X, labels, _ = _data(1, dim=dim, classes=classes)
     n = X.shape[0]
 
     def inner(x, y, batch):
         weights = jax.nn.sigmoid(x[batch["index"]])
-        z = batch["X"] @ y
-        ce = jax.nn.logsumexp(z, axis=1) - jnp.sum(z * jax.nn.one_hot(batch["label"], C), 1)
+        ce = _cross_entropies(y, batch["X"], batch["label"])
         return jnp.mean(weights * ce) + 0.1 * jnp.sum(y**2)
 
     def outer(x, y, batch):
@@ -118,7 +123,7 @@ def _cleaning_like_problem():
         outer=outer,
         inner=inner,
         x0=jnp.zeros(n),
-        y0=jnp.zeros((D, C)),
+        y0=jnp.zeros((dim, classes)),
         outer_data={"X": X, "label": labels},
         inner_data=data,
     )
