@@ -388,72 +388,79 @@ class Representations:
 Evaluate = Callable[..., list]
 
 
-def bind_loop(eqn, carried: Mapping[int, Class], read: Callable, reps: Representations,
-              evaluate: Evaluate, invariants: Mapping[str, tuple[int, ...]]) -> list:  # fmt: skip
+def bind_loop(
+    eqn,
+    carried: Mapping[int, Class],
+    read: Callable,
+    reps: Representations,
+    evaluate: Evaluate,
+    invariants: Mapping[str, tuple[int, ...]],
+) -> list:
     """``eqn`` (a ``scan`` or ``while``) evaluated with the carries of ``carried`` transposed
     (their initial values as representations, taken from ``reps`` where there are some);
     returns the loop's outputs as values and records the carried outputs' representations
     in ``reps``. ``evaluate`` evaluates a body (the caller's evaluator, with its rewrites)."""
     params = eqn.params
     values = [read(v) for v in eqn.invars]
-    if eqn.primitive.name == "scan":
-        first, count = params["num_consts"], params["num_carry"]
-    else:
-        first, count = params["cond_nconsts"] + params["body_nconsts"], len(eqn.outvars)
+    scan = eqn.primitive.name == "scan"
+    first = params["num_consts"] if scan else params["cond_nconsts"] + params["body_nconsts"]
+    count = params["num_carry"] if scan else len(eqn.outvars)
     init = list(values[first : first + count])
     for k, cls in carried.items():
         init[k] = reps.of(eqn.invars[first + k], init[k], cls)
-    natural = [v.aval for v in eqn.outvars[:count]]
-
-    def real(carry):  # the carries as the original loop's jaxprs read them
-        return [
-            from_representation(c, carried[k], natural[k].shape) if k in carried else c
-            for k, c in enumerate(carry)
-        ]
-
-    if eqn.primitive.name == "scan":
-        body = params["jaxpr"]
-        consts, xs = values[:first], values[first + count :]
-        rep_args = {first + k: cls for k, cls in carried.items()}
-
-        def step(carry, x):
-            outs = evaluate(
-                body.jaxpr, body.consts, [*consts, *carry, *x], invariants.get("jaxpr", ()),
-                rep_args, dict(carried),
-            )  # fmt: skip
-            return outs[:count], outs[count:]
-
-        carry, ys = lax.scan(
-            step, init, xs, length=params["length"], reverse=params["reverse"],
-            unroll=params["unroll"],
-        )  # fmt: skip
-        outs = [*carry, *ys]
-    else:
-        cond, body = params["cond_jaxpr"], params["body_jaxpr"]
-        cond_consts = values[: params["cond_nconsts"]]
-        body_consts = values[params["cond_nconsts"] : first]
-        nb = params["body_nconsts"]
-        rep_args = {nb + k: cls for k, cls in carried.items()}
-
-        def cond_fun(carry):
-            args = [*cond_consts, *real(carry)]
-            return evaluate(cond.jaxpr, cond.consts, args, invariants.get("cond_jaxpr", ()))[0]
-
-        def body_fun(carry):
-            return evaluate(
-                body.jaxpr, body.consts, [*body_consts, *carry],
-                invariants.get("body_jaxpr", ()), rep_args, dict(carried),
-            )  # fmt: skip
-
-        outs = list(lax.while_loop(cond_fun, body_fun, init))
+    shapes = [v.aval.shape for v in eqn.outvars[:count]]
+    run = _run_scan if scan else _run_while
+    outs = run(params, values, init, carried, shapes, evaluate, invariants)
     for k, cls in carried.items():
         reps.set(eqn.outvars[k], outs[k], cls)
-        outs[k] = from_representation(outs[k], cls, natural[k].shape)
+        outs[k] = from_representation(outs[k], cls, shapes[k])
     return outs
 
 
-def inline_call(eqn, read: Callable, reps: Representations, evaluate: Evaluate,
-                invariant: tuple[int, ...]) -> list | None:  # fmt: skip
+def _run_scan(params, values, init, carried, shapes, evaluate, invariants) -> list:
+    """:func:`bind_loop` for a ``scan``: its carries and stacked outputs."""
+    body, first, count = params["jaxpr"], params["num_consts"], len(init)
+    consts, xs = values[:first], values[first + count :]
+    rep_args = {first + k: cls for k, cls in carried.items()}
+
+    def step(carry, x):
+        args = [*consts, *carry, *x]
+        outs = evaluate(
+            body.jaxpr, body.consts, args, invariants.get("jaxpr", ()), rep_args, carried
+        )
+        return outs[:count], outs[count:]
+
+    options = {name: params[name] for name in ("length", "reverse", "unroll")}
+    carry, ys = lax.scan(step, init, xs, **options)
+    return [*carry, *ys]
+
+
+def _run_while(params, values, init, carried, shapes, evaluate, invariants) -> list:
+    """:func:`bind_loop` for a ``while``: its carries (the condition reads them as values)."""
+    cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+    split = params["cond_nconsts"]
+    cond_consts, body_consts = values[:split], values[split : split + params["body_nconsts"]]
+    rep_args = {params["body_nconsts"] + k: cls for k, cls in carried.items()}
+
+    def cond_fun(carry):
+        real = [
+            from_representation(c, carried[k], shapes[k]) if k in carried else c
+            for k, c in enumerate(carry)
+        ]
+        args = [*cond_consts, *real]
+        return evaluate(cond.jaxpr, cond.consts, args, invariants.get("cond_jaxpr", ()))[0]
+
+    def body_fun(carry):
+        args = [*body_consts, *carry]
+        invariant = invariants.get("body_jaxpr", ())
+        return evaluate(body.jaxpr, body.consts, args, invariant, rep_args, carried)
+
+    return list(lax.while_loop(cond_fun, body_fun, init))
+
+
+def inline_call(
+    eqn, read: Callable, reps: Representations, evaluate: Evaluate, invariant: tuple[int, ...]
+) -> list | None:
     """A call equation evaluated inline, its represented inputs passed as representations and
     its represented outputs (:func:`call_classes`) recorded in ``reps``; None (evaluate it as
     usual) where no input or output is represented."""

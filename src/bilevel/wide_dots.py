@@ -168,10 +168,10 @@ def _evaluate(
                 env[var] = value
 
     def evaluate(sub, sub_consts, sub_args, sub_invariant, sub_rep_args=None, sub_rep_outs=None):
+        options = dict(merge=merge, transpose=transpose, invariant=sub_invariant)
         return _evaluate(
-            sub, sub_consts, sub_args, merge=merge, transpose=transpose, invariant=sub_invariant,
-            rep_args=sub_rep_args, rep_outs=sub_rep_outs,
-        )  # fmt: skip
+            sub, sub_consts, sub_args, rep_args=sub_rep_args, rep_outs=sub_rep_outs, **options
+        )
 
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
@@ -195,9 +195,7 @@ def _evaluate(
         params = eqn.params
         if eqn.primitive.name in _HIGHER_ORDER:
             invariants = dot_merge.sub_invariants(eqn, fixed)
-            carried = carry_layout.loop_carries(eqn) if transpose and eqn.primitive.name in (
-                "scan", "while") else {}  # fmt: skip
-            outs = _bind_transposed(eqn, carried, transpose, read, reps, evaluate, invariants)
+            outs = _bind_transposed(eqn, read, reps, evaluate, invariants) if transpose else None
             if outs is not None:
                 write(eqn.outvars, outs)
                 continue
@@ -221,15 +219,17 @@ def _evaluate(
     return outs
 
 
-def _bind_transposed(eqn, carried, transpose, read, reps, evaluate, invariants) -> list | None:
-    """A loop with ``carried`` carries transposed, or a call evaluated inline so that its
-    inputs and outputs keep their transposed forms (:mod:`bilevel.carry_layout`); None where
-    neither applies, or where it fails (a loop whose carry types it could not keep: the
-    equation is then rewritten as usual)."""
+def _bind_transposed(eqn, read, reps, evaluate, invariants) -> list | None:
+    """A loop with some carries transposed, or a call evaluated inline so that its inputs and
+    outputs keep their transposed forms (:mod:`bilevel.carry_layout`); None where neither
+    applies, or where it fails (a loop whose carry types it could not keep: the equation is
+    then rewritten as usual)."""
     try:
-        if carried:
-            return carry_layout.bind_loop(eqn, carried, read, reps, evaluate, invariants)
-        if transpose and carry_layout.call_jaxpr(eqn) is not None:
+        if eqn.primitive.name in ("scan", "while"):
+            carried = carry_layout.loop_carries(eqn)
+            if carried:
+                return carry_layout.bind_loop(eqn, carried, read, reps, evaluate, invariants)
+        elif carry_layout.call_jaxpr(eqn) is not None:
             name = carry_layout.CALLS[eqn.primitive.name]
             return carry_layout.inline_call(eqn, read, reps, evaluate, invariants[name])
     except Exception as err:  # noqa: BLE001  (a speed-up must never break a program)
