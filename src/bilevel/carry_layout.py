@@ -43,6 +43,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jcore
 
+from .dot_merge import _is_row_major_reshape, _is_var
+
 __all__ = [
     "narrow_class",
     "rule",
@@ -86,10 +88,6 @@ def narrow_class(shape: tuple[int, ...]) -> Class | None:
     return None
 
 
-def _is_var(v) -> bool:
-    return not isinstance(v, jcore.Literal)
-
-
 def _is_float(aval) -> bool:
     return jnp.issubdtype(aval.dtype, jnp.floating)
 
@@ -119,7 +117,7 @@ def rule(eqn, class_of: Callable, uniform: Callable) -> tuple[str, Class | None]
     if name == "broadcast_in_dim" and args[0].aval.ndim == 0 and len(args) == 1:
         return ("uniform", None)
     represented = _is_var(args[0]) and class_of(args[0]) is not None
-    if name == "reshape" and represented and eqn.params.get("dimensions") is None:
+    if represented and _is_row_major_reshape(eqn):
         return ("alias", class_of(args[0]))
     if name == "transpose" and out.ndim == 2 and tuple(eqn.params["permutation"]) == (1, 0):
         cls = class_of(args[0]) if _is_var(args[0]) else None
@@ -336,7 +334,8 @@ class Representations:
 
     def note(self, eqn, read: Callable, write: Callable) -> None:
         """After ``eqn`` was evaluated: its output's representation, where :func:`rule` gives
-        one (``write`` replaces the output's value where the representation is that value)."""
+        one (``write`` replaces the output's value where the representation is that value).
+        The value stays traced beside it; where nothing reads it, XLA drops it as dead code."""
         how = rule(eqn, self.class_of, self.uniforms.__contains__)
         if how is None:
             return
