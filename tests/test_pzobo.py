@@ -358,16 +358,18 @@ def test_shared_minibatches_make_delta_exact_and_independent_ones_blow_up():
 
 
 @pytest.mark.parametrize("inner_optimizer", ["gd", "adam"])
-def test_joint_scan_of_all_paths_matches_the_paths_run_one_by_one(inner_optimizer):
+@pytest.mark.parametrize("num_directions", [1, 3])
+def test_joint_scan_of_all_paths_matches_the_paths_run_one_by_one(inner_optimizer, num_directions):
     """With shared batches and parallel directions the Q + 1 inner paths run in ONE scan that
     draws each inner batch once (``joint_paths``); run one after another (``lax.map``,
     ``inner_path``, each drawing the batch itself) they must give the same y^N and the same
     coefficients on the same minibatches: float64 round-off, rtol 1e-12 (Adam's state is
-    broadcast to the Q paths and must start fresh in each)."""
+    broadcast to the Q paths and must start fresh in each; Q = 1 runs its one perturbed path
+    without vmap)."""
     p = bl.problems.quadratic(stochastic=True, n_samples=500)
     x = jnp.asarray(np.random.default_rng(2).standard_normal(10))
     key = jax.random.PRNGKey(5)
-    u, _ = sample_directions(key, x, 3, "gaussian")
+    u, _ = sample_directions(key, x, num_directions, "gaussian")
     results = []
     for parallel in (True, False):
         solver = bl.solvers.make(
@@ -375,7 +377,7 @@ def test_joint_scan_of_all_paths_matches_the_paths_run_one_by_one(inner_optimize
             lr_inner=0.05,
             batch_size=32,
             inner_steps=6,
-            num_directions=3,
+            num_directions=num_directions,
             inner_optimizer=inner_optimizer,
             parallel_directions=parallel,
         )
