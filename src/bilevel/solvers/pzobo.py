@@ -162,6 +162,14 @@ def _unit_rows(leaf: jax.Array) -> jax.Array:
     return leaf / norms.reshape((-1,) + (1,) * (leaf.ndim - 1))
 
 
+def _drop_axis(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda a: a[0], tree)
+
+
+def _add_axis(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda a: a[None], tree)
+
+
 #: PZOBO's state is the shared single-iterate state: y is the unperturbed inner output
 #: y_k^N = y^N(x_k) (the next warm start, if enabled)
 PathDifferenceState = IterateState
@@ -260,13 +268,14 @@ class PathDifferenceSolver(Solver):
         def advance(x_, y_, opt, batch):
             return self._inner_step(problem, transform, x_, y_, opt, batch, lr)
 
-        # Q = 1 (the paper's setting) runs the one perturbed path without vmap: a vmapped
-        # product of batch 1 is a batched product to XLA:CPU, which it runs through Eigen at
-        # about 1.5x the time of the plain product (and the plain one can share its minibatch
-        # operand with the unperturbed path's: bilevel.dot_merge).
+        # Q = 1 (the paper's setting) runs its one perturbed path without vmap: a product
+        # vmapped over a batch of 1 is a batched product to XLA:CPU, which runs it through Eigen
+        # at about 1.5x the time of the plain product, and the plain one shares its minibatch
+        # operand with the unperturbed path's (bilevel.dot_merge). PZOBO on data cleaning:
+        # 1.06 -> 0.89 of its oracle floor (docs/performance.md).
         single = self.num_directions == 1
         advance_perturbed = advance if single else jax.vmap(advance, in_axes=(0, 0, 0, None))
-        x_paths = jax.tree.map(lambda a: a[0], x_pert) if single else x_pert
+        x_paths = _drop_axis(x_pert) if single else x_pert
 
         def body(carry, t):
             here, perturbed = carry
@@ -284,9 +293,7 @@ class PathDifferenceSolver(Solver):
         ((y_n, _), (y_pert, _)), _ = jax.lax.scan(
             body, (start, copies), jnp.arange(self.inner_steps)
         )
-        if single:
-            y_pert = jax.tree.map(lambda a: a[None], y_pert)
-        return y_n, y_pert
+        return y_n, (_add_axis(y_pert) if single else y_pert)
 
     # ---- what subclasses define ------------------------------------------------------------
     def _unperturbed(self, problem, batch_f, x, y_n):
