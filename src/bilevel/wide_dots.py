@@ -39,7 +39,7 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
-from . import carry_layout, dot_merge
+from . import carry_layout, dot_merge, small_dots
 
 __all__ = ["keep_wide_dots", "enabled"]
 
@@ -158,6 +158,7 @@ def _evaluate(
     jaxprs rewritten the same way."""
     env: dict[Any, Any] = {}
     reps = carry_layout.Representations()
+    small = small_dots.enabled()
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -205,7 +206,10 @@ def _evaluate(
             }
         bind_params = eqn.primitive.get_bind_params(params)
         with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
+            if small and small_dots.keep_small(eqn):
+                outs = small_dots.multiply_reduce(*map(read, eqn.invars), **bind_params)
+            else:
+                outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         if eqn.primitive is lax.dot_general_p and eqn.outvars[0] in transposed and _is_wide(eqn):

@@ -1,0 +1,130 @@
+"""bilevel.small_dots (through wide_dots.keep_wide_dots): small products as multiply-reduce.
+
+The rewrite must give ``dot_general``'s values for every layout of its axes (batch, free and
+contracted, in any order), pick the products it says it picks, and leave a whole vmapped run
+where it was (float64: the same iterates up to summation order, rtol 1e-12 over 30 steps of a
+contraction)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import bilevel as bl
+from bilevel import run, small_dots, wide_dots
+
+#: (lhs shape, rhs shape, dimension numbers): matrix-vector, vector-matrix, matrix-matrix with
+#: each operand contracted on either axis, batched on leading and trailing axes, two
+#: contracted axes, a scalar result
+LAYOUTS = [
+    ((5, 4), (4,), (((1,), (0,)), ((), ()))),
+    ((4,), (4, 3), (((0,), (0,)), ((), ()))),
+    ((5, 4), (4, 3), (((1,), (0,)), ((), ()))),
+    ((4, 5), (4, 3), (((0,), (0,)), ((), ()))),
+    ((5, 4), (3, 4), (((1,), (1,)), ((), ()))),
+    ((6, 5, 4), (6, 4), (((2,), (1,)), ((0,), (0,)))),
+    ((5, 4, 6), (4, 3, 6), (((1,), (0,)), ((2,), (2,)))),
+    ((2, 3, 4), (3, 4, 5), (((1, 2), (0, 1)), ((), ()))),
+    ((7,), (7,), (((0,), (0,)), ((), ()))),
+]
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, dims", LAYOUTS)
+def test_multiply_reduce_is_dot_general(lhs_shape, rhs_shape, dims):
+    rng = np.random.default_rng(len(lhs_shape) + 10 * len(rhs_shape))
+    lhs = jnp.asarray(rng.standard_normal(lhs_shape))
+    rhs = jnp.asarray(rng.standard_normal(rhs_shape))
+    expected = lax.dot_general(lhs, rhs, dims)
+    got = small_dots.multiply_reduce(lhs, rhs, dimension_numbers=dims)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+    as_float32 = small_dots.multiply_reduce(
+        lhs.astype(jnp.float32),
+        rhs.astype(jnp.float32),
+        dimension_numbers=dims,
+        preferred_element_type=jnp.float64,
+    )
+    assert as_float32.dtype == jnp.float64
+
+
+def _equation(lhs_shape, rhs_shape, dims, dtype=jnp.float64):
+    args = (jnp.zeros(lhs_shape, dtype), jnp.zeros(rhs_shape, dtype))
+    (eqn,) = jax.make_jaxpr(lambda a, b: lax.dot_general(a, b, dims))(*args).jaxpr.eqns
+    return eqn
+
+
+def test_which_products_are_small():
+    matvec = (((1,), (0,)), ((), ()))
+    matmul = (((1,), (0,)), ((), ()))
+    # a matrix-vector product: up to 256 multiply-adds (XLA:CPU runs larger ones well)
+    assert small_dots.keep_small(_equation((16, 16), (16,), matvec))  # 256
+    assert not small_dots.keep_small(_equation((16, 17), (17,), matvec))  # 272
+    # a matrix-matrix product (vmapped matrix-vector products): up to 1,024
+    assert small_dots.keep_small(_equation((10, 10), (10, 10), matmul))  # 1,000
+    assert not small_dots.keep_small(_equation((10, 11), (11, 10), matmul))  # 1,100
+    batched = (((2,), (1,)), ((0,), (0,)))  # 10 seeds' own (8 x 10) matrices times vectors
+    assert small_dots.keep_small(_equation((10, 8, 10), (10, 10), batched))  # 800
+    assert not small_dots.keep_small(_equation((4, 4), (4,), matvec, jnp.int32))
+
+
+def _small_problem():
+    rng = np.random.default_rng(3)
+    m = rng.standard_normal((5, 5))
+    A, B = jnp.asarray(m @ m.T / 5 + np.eye(5)), jnp.asarray(rng.standard_normal((5, 2)))
+
+    def inner(x, y, batch=None):
+        return 0.5 * y @ (A @ y) - y @ (B @ x)
+
+    def outer(x, y, batch=None):
+        return 0.5 * jnp.sum((y - 1.0) ** 2) + 0.05 * jnp.sum(x**2)
+
+    return bl.BilevelProblem(outer=outer, inner=inner, x0=jnp.zeros(2), y0=jnp.zeros(5))
+
+
+def _chunk_text(problem, solver, seeds):
+    state = run._init_states(solver, problem, list(range(seeds)), seeds > 1)
+    chunk = run._compiled("chunk", solver, problem, state, 5, seeds > 1)
+    return chunk.func.as_text()
+
+
+def test_vmapped_seeds_compile_without_library_products(monkeypatch):
+    """10 vmapped seeds make (5 x 5) x (5 x 10) products of every matrix-vector product of one
+    seed: without the rewrite XLA:CPU compiles them as library products (``dot``); with it,
+    none is left."""
+    problem, solver = _small_problem(), bl.solvers.make("stocbio", lr_inner=0.1)
+    texts = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BILEVEL_SMALL_DOTS", switch)
+        run._COMPILED.clear()
+        texts[switch] = _chunk_text(problem, solver, seeds=10)
+    assert " dot(" in texts["0"]
+    assert " dot(" not in texts["1"]
+
+
+def test_a_vmapped_run_is_the_same_with_and_without(monkeypatch):
+    problem = _small_problem()
+    traces = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("BILEVEL_SMALL_DOTS", switch)
+        run._COMPILED.clear()
+        for name in ("f2sa", "stocbio", "pzobo"):
+            solver = bl.solvers.make(name, lr_outer=0.05, lr_inner=0.1)
+            result = bl.solve(problem, solver, steps=30, seeds=[0, 1, 2], progress=False)
+            traces[switch, name] = np.asarray(result.x)
+    for name in ("f2sa", "stocbio", "pzobo"):
+        np.testing.assert_allclose(traces["1", name], traces["0", name], rtol=1e-12)
+        assert np.abs(traces["1", name]).max() > 1e-3  # the runs moved
+
+
+def test_off_with_the_environment_switch(monkeypatch):
+    A, v = jnp.ones((4, 4)), jnp.ones((3, 4))
+
+    def traced():  # a new function each time: make_jaxpr caches traces per function
+        return str(jax.make_jaxpr(wide_dots.keep_wide_dots(jax.vmap(lambda u: A @ u)))(v))
+
+    monkeypatch.setenv("BILEVEL_SMALL_DOTS", "0")
+    assert not small_dots.enabled()
+    assert "dot_general" in traced()
+    monkeypatch.setenv("BILEVEL_SMALL_DOTS", "1")
+    assert "dot_general" not in traced()
