@@ -1,16 +1,18 @@
 """Small matrix products as fused multiply-reduce on XLA:CPU: vmapped seeds of small problems.
 
-A product of a few thousand multiply-adds costs XLA:CPU a library call (YNNPACK or Eigen,
-about a microsecond each) and ends the elementwise kernel around it, where the same sum written
-as a broadcast multiply and a reduction joins that kernel. One seed of a small problem rarely
-has such products: XLA's algebraic simplifier already writes a matrix-vector product that way.
+A small product costs XLA:CPU a library call (YNNPACK or Eigen, with its own overhead) and ends
+the elementwise kernel around it, where the same sum written as a broadcast multiply and a
+reduction joins that kernel. A step of one seed has mostly matrix-vector products, which
+XLA:CPU runs well from a few hundred multiply-adds on (:data:`MAX_VECTOR_MULTIPLY_ADDS`).
 But ``vmap`` turns the matrix-vector products of several seeds (or a sweep's grid points) into
-matrix-matrix products, which it leaves to the library: on a quadratic with dim x 2, dim y 5,
-10 vmapped seeds of F2SA took 23.2 us per step against 1.9 us for one seed, and 5.0 us with the
-products written as multiply-reduce (measured 2026-11-25; ``docs/performance.md``).
+matrix-matrix or batched products, which it leaves to the library: on the quadratic
+``bl.problems.quadratic(2, 5)``, 10 vmapped seeds of F2SA took 23.6 us per step against 1.3 us
+for one seed, and 5.6 us with this rewrite (one seed: 1.0 us; measured 2026-11-25,
+``docs/performance.md``). Larger products are left alone: a matrix-vector product of 900
+multiply-adds, or a matrix-matrix one of 4,000, measured slower as multiply-reduce.
 
-:func:`keep_small` says which ``dot_general`` equations to rewrite (:data:`MAX_MULTIPLY_ADDS`
-or fewer, floating point), :func:`multiply_reduce` computes one. They are applied by
+:func:`keep_small` says which ``dot_general`` equations to rewrite (floating point, at most
+:data:`MAX_MULTIPLY_ADDS` multiply-adds), :func:`multiply_reduce` computes one. They are applied by
 :func:`bilevel.wide_dots.keep_wide_dots` on the same pass as its other rewrites;
 ``BILEVEL_SMALL_DOTS=0`` in the environment turns this one off. The values are the product's
 up to summation order.
@@ -21,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -33,10 +34,10 @@ __all__ = [
     "multiply_reduce",
 ]
 
-#: the largest product written as multiply-reduce (output entries times contracted length):
-#: a matrix-matrix or batched product (what vmap makes of several seeds' matrix-vector
-#: products), and a matrix-vector product, which XLA:CPU runs well from about 1,000 on
-MAX_MULTIPLY_ADDS = int(os.environ.get("BILEVEL_SMALL_DOT_SIZE", 1024))
+#: the largest products written as multiply-reduce (output entries times contracted length): a
+#: matrix-matrix or batched product (what vmap makes of several seeds' matrix-vector products;
+#: 4,000 measured slower), and a plain matrix-vector product (900 measured slower)
+MAX_MULTIPLY_ADDS = 1024
 MAX_VECTOR_MULTIPLY_ADDS = 256
 
 
@@ -85,4 +86,4 @@ def multiply_reduce(lhs, rhs, *, dimension_numbers, preferred_element_type=None,
     )
     rhs = jnp.expand_dims(rhs, tuple(range(batch, batch + len(lhs_free))))
     axes = tuple(range(lhs.ndim - contract, lhs.ndim))
-    return jax.numpy.sum(lhs * rhs, axis=axes)
+    return jnp.sum(lhs * rhs, axis=axes)

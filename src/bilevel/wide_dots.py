@@ -16,15 +16,17 @@ barrier is an identity that XLA may not look through, so the product keeps its f
 the transpose stays a separate copy of ``m n`` numbers. On the same pass it merges independent
 products that share an operand into one (an HVP's ``X W`` and ``X V``: :mod:`bilevel.dot_merge`,
 after :func:`bilevel.dot_merge.simplify` has written each jaxpr's products in XLA's form and
-removed its duplicate and dead equations), and lets loops carry narrow weight matrices as their
-transposes where that makes their updates flat (:mod:`bilevel.carry_layout`). Values are those
-of the original program up to floating-point summation order.
+removed its duplicate and dead equations), lets loops carry narrow weight matrices as their
+transposes where that makes their updates flat (:mod:`bilevel.carry_layout`), and writes small
+products as a multiply and a reduction that join the kernels around them
+(:mod:`bilevel.small_dots`: vmapped seeds of small problems). Values are those of the original
+program up to floating-point summation order.
 
 ``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
 mesh) after all differentiation has happened: the rewritten program is compiled, never
 differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns the whole rewrite off,
 ``BILEVEL_MERGE_DOTS=0`` only the merging, ``BILEVEL_CARRY_LAYOUT=0`` only the transposed
-carries.
+carries, ``BILEVEL_SMALL_DOTS=0`` only the small products.
 """
 
 from __future__ import annotations
