@@ -66,6 +66,7 @@ def test_which_products_are_small():
     batched = (((2,), (1,)), ((0,), (0,)))  # 10 seeds' own (8 x 10) matrices times vectors
     assert small_dots.keep_small(_equation((10, 8, 10), (10, 10), batched))  # 800
     assert not small_dots.keep_small(_equation((4, 4), (4,), matvec, jnp.int32))
+    assert not small_dots.keep_small(_equation((4, 4), (4,), matvec, jnp.bfloat16))
 
 
 def _small_problem():

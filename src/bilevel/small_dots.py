@@ -11,7 +11,7 @@ for one seed, and 5.6 us with this rewrite (one seed: 1.0 us; measured 2026-11-2
 ``docs/performance.md``). Larger products are left alone: a matrix-vector product of 900
 multiply-adds, or a matrix-matrix one of 4,000, measured slower as multiply-reduce.
 
-:func:`keep_small` says which ``dot_general`` equations to rewrite (floating point, at most
+:func:`keep_small` says which ``dot_general`` equations to rewrite (float32 or float64, at most
 :data:`MAX_MULTIPLY_ADDS` multiply-adds), :func:`multiply_reduce` computes one. They are applied by
 :func:`bilevel.wide_dots.keep_wide_dots` on the same pass as its other rewrites;
 ``BILEVEL_SMALL_DOTS=0`` in the environment turns this one off. The values are the product's
@@ -54,12 +54,13 @@ def multiply_adds(eqn) -> int:
 
 
 def keep_small(eqn) -> bool:
-    """Whether ``eqn`` is a floating-point ``dot_general`` to write as multiply-reduce: at most
+    """Whether ``eqn`` is a float32 / float64 ``dot_general`` to write as multiply-reduce: at most
     :data:`MAX_MULTIPLY_ADDS` multiply-adds, or :data:`MAX_VECTOR_MULTIPLY_ADDS` for a plain
     matrix-vector product (one operand with no free axis, no batch axis)."""
     if eqn.primitive is not lax.dot_general_p:
         return False
-    if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.invars):
+    # float32 / float64 only: a half-precision sum would also accumulate in half precision
+    if not all(v.aval.dtype in (jnp.float32, jnp.float64) for v in eqn.invars):
         return False
     (contract, _), (batch, _) = eqn.params["dimension_numbers"]
     free = [v.aval.ndim - len(contract) - len(batch) for v in eqn.invars]
