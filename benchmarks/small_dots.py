@@ -66,7 +66,7 @@ def main() -> None:
                     f"{label:38s} {seeds:5d} {name:8s} {t_off * per_step:8.1f} "
                     f"{t_on * per_step:8.1f} {ratio:7.2f}"
                 )
-    os.environ.pop("BILEVEL_SMALL_DOTS")
+    os.environ.pop("BILEVEL_SMALL_DOTS", None)
 
 
 if __name__ == "__main__":

@@ -55,18 +55,17 @@ def _equation(lhs_shape, rhs_shape, dims, dtype=jnp.float64):
 
 
 def test_which_products_are_small():
-    matvec = (((1,), (0,)), ((), ()))
-    matmul = (((1,), (0,)), ((), ()))
+    plain = (((1,), (0,)), ((), ()))  # the left operand's axis 1 against the right's axis 0
     # a matrix-vector product: up to 256 multiply-adds (XLA:CPU runs larger ones well)
-    assert small_dots.keep_small(_equation((16, 16), (16,), matvec))  # 256
-    assert not small_dots.keep_small(_equation((16, 17), (17,), matvec))  # 272
+    assert small_dots.keep_small(_equation((16, 16), (16,), plain))  # 256
+    assert not small_dots.keep_small(_equation((16, 17), (17,), plain))  # 272
     # a matrix-matrix product (vmapped matrix-vector products): up to 1,024
-    assert small_dots.keep_small(_equation((10, 10), (10, 10), matmul))  # 1,000
-    assert not small_dots.keep_small(_equation((10, 11), (11, 10), matmul))  # 1,100
+    assert small_dots.keep_small(_equation((10, 10), (10, 10), plain))  # 1,000
+    assert not small_dots.keep_small(_equation((10, 11), (11, 10), plain))  # 1,100
     batched = (((2,), (1,)), ((0,), (0,)))  # 10 seeds' own (8 x 10) matrices times vectors
     assert small_dots.keep_small(_equation((10, 8, 10), (10, 10), batched))  # 800
-    assert not small_dots.keep_small(_equation((4, 4), (4,), matvec, jnp.int32))
-    assert not small_dots.keep_small(_equation((4, 4), (4,), matvec, jnp.bfloat16))
+    assert not small_dots.keep_small(_equation((4, 4), (4,), plain, jnp.int32))
+    assert not small_dots.keep_small(_equation((4, 4), (4,), plain, jnp.bfloat16))
 
 
 def _small_problem():
