@@ -237,10 +237,14 @@ def call_jaxpr(eqn):
     return None if name is None else eqn.params.get(name)
 
 
+def _input_classes(eqn, class_of: Callable) -> dict[int, Class]:
+    """The classes of an equation's represented inputs (by position)."""
+    return {k: cls for k, v in enumerate(eqn.invars) if _is_var(v) and (cls := class_of(v))}
+
+
 def call_classes(eqn, class_of: Callable) -> dict[int, Class]:
     """The classes of a call's represented outputs (by position), given its inputs'."""
-    given = {k: class_of(v) for k, v in enumerate(eqn.invars) if _is_var(v) and class_of(v)}
-    return flow(call_jaxpr(eqn).jaxpr, given)
+    return flow(call_jaxpr(eqn).jaxpr, _input_classes(eqn, class_of))
 
 
 _DECIDED: dict[int, tuple[Any, dict[int, Class]]] = {}
@@ -466,14 +470,12 @@ def inline_call(
     """A call equation evaluated inline, its represented inputs passed as representations and
     its represented outputs (:func:`call_classes`) recorded in ``reps``; None (evaluate it as
     usual) where no input or output is represented."""
-    given = {
-        k: reps.class_of(v) for k, v in enumerate(eqn.invars) if _is_var(v) and reps.class_of(v)
-    }
-    wanted = flow(call_jaxpr(eqn).jaxpr, given)
+    closed = call_jaxpr(eqn)
+    given = _input_classes(eqn, reps.class_of)
+    wanted = flow(closed.jaxpr, given)
     if not given and not wanted:
         return None
     args = [reps.reps[v][0] if k in given else read(v) for k, v in enumerate(eqn.invars)]
-    closed = call_jaxpr(eqn)
     outs = evaluate(closed.jaxpr, closed.consts, args, invariant, given, wanted)
     for k, cls in wanted.items():
         reps.set(eqn.outvars[k], outs[k], cls)
