@@ -81,6 +81,7 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
             outer=n_out,
             inner=n_in,
             scheme=problem.sampling,  # the solver's batches: same scheme, same kind of copy
+            chunks=problem.batch_chunks,  # and the same parts
         )
 
         def loop(n, fn, carry_xy, offset):

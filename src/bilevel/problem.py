@@ -131,6 +131,15 @@ class BilevelProblem(_ProblemCopies):
             (a cyclic window of consecutive rows at a uniform random start: unbiased, much
             faster for wide rows on CPU, but it needs the rows in random order and draws
             neighbours together; docs/performance.md measures both).
+        batch_chunks: evaluate f and g on every minibatch as the row-weighted mean over this
+            many consecutive parts of it (default 1: whole). It needs losses that are means over
+            the batch's rows (plus terms that do not read the batch), which is checked on the
+            first rows of the data; the values and every derivative are then the whole batch's,
+            up to float rounding. Why: a part small enough to stay in the CPU's cache between
+            its copy and the products that read it; worth it when each row is large (per-sample
+            matrices: 1.5x per gradient on benchopt's quadratic, docs/performance.md item 13),
+            not for rows of a few thousand floats. Methods that read batches row by row (SABA)
+            keep them whole.
 
     Raises:
         TypeError / ValueError: at construction, naming the offending argument, when ``f`` or
@@ -151,18 +160,19 @@ class BilevelProblem(_ProblemCopies):
     name: str = "problem"
     reference: Any = None
     sampling: str = "iid"
+    batch_chunks: int = 1
 
     # ---- pytree: arrays are children (traced under jit), functions are static aux data ----
     def tree_flatten(self):
         children = (self.x0, self.y0, self.outer_data, self.inner_data, self.x_set)
         aux = (self.outer, self.inner, self.metrics, self.name, self.reference, self.sampling)
-        return children, aux
+        return children, (*aux, self.batch_chunks)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
         x0, y0, outer_data, inner_data, x_set = children
-        outer, inner, metrics, name, reference, scheme = aux
+        outer, inner, metrics, name, reference, scheme, batch_chunks = aux
         for k, v in dict(
             outer=outer,
             inner=inner,
@@ -175,6 +185,7 @@ class BilevelProblem(_ProblemCopies):
             name=name,
             reference=reference,
             sampling=scheme,
+            batch_chunks=batch_chunks,
         ).items():
             object.__setattr__(obj, k, v)
         return obj
@@ -191,6 +202,7 @@ class BilevelProblem(_ProblemCopies):
                     f"BilevelProblem({arg}=...) must be a function fn(x, y, batch) -> scalar, "
                     f"got {type(getattr(self, arg)).__name__}."
                 )
+        self._set_chunks()
         x0, y0 = self._split_models("BilevelProblem", at=0)
         object.__setattr__(self, "x0", x0)
         object.__setattr__(self, "y0", y0)
@@ -205,11 +217,25 @@ class BilevelProblem(_ProblemCopies):
             ("inner", self.inner, self.inner_data),
         ):
             _check_signature(arg, fn, x0, y0, data)
+            if self.batch_chunks > 1 and data is not None:
+                _check_row_mean(arg, fn, x0, y0, data)
         if self.x_set is not None:
             object.__setattr__(self, "x0", start_in_x_set(self.x_set, x0))
 
         if self.metrics is not None:
             _check_metrics(self.metrics, x0, self.y0)
+
+    def _set_chunks(self) -> None:
+        """``outer`` and ``inner`` as :class:`bilevel.sampling.ChunkMean` views when
+        ``batch_chunks > 1``, the user's functions otherwise (inside an :class:`OnModels` view)."""
+        k = self.batch_chunks
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(
+                f"BilevelProblem(batch_chunks={k!r}) must be a positive int (1: whole batches)."
+            )
+        object.__setattr__(self, "batch_chunks", int(k))
+        for name in ("outer", "inner"):
+            object.__setattr__(self, name, _chunked(getattr(self, name), k > 1))
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
@@ -397,6 +423,41 @@ def _check_signature(arg: str, fn, x0, y0, data) -> None:
             f"{shapes}: {type(err).__name__}: {err}"
         ) from err
     check_scalar_output(out, arg)
+
+
+def users_function(fn: Callable | None) -> Callable | None:
+    """The user's own function inside the :class:`OnModels` and
+    :class:`bilevel.sampling.ChunkMean` views a problem may hold."""
+    if isinstance(fn, OnModels):
+        fn = fn.fn
+    return fn.fn if isinstance(fn, sampling.ChunkMean) else fn
+
+
+def _chunked(fn: Callable, on: bool) -> Callable:
+    """``fn`` as a :class:`bilevel.sampling.ChunkMean` view (``on``) or bare, kept inside an
+    :class:`OnModels` view; the same object when nothing changes (no recompilation)."""
+    if isinstance(fn, OnModels):
+        inner = _chunked(fn.fn, on)
+        return fn if inner is fn.fn else OnModels(inner, fn.x_static, fn.y_static, fn.at)
+    if isinstance(fn, sampling.ChunkMean):
+        return fn if on else fn.fn
+    return sampling.ChunkMean(fn) if on else fn
+
+
+def _check_row_mean(arg: str, fn, x0, y0, data) -> None:
+    """``batch_chunks > 1`` is exact only for a loss that is a mean over rows: compare ``fn`` on
+    the first (up to) four rows with its mean over two halves of them."""
+    rows = min(4, sampling.num_samples(data))
+    if rows < 2:
+        return
+    whole = jax.tree.map(lambda a: a[:rows], data)
+    a, b = float(fn(x0, y0, whole)), float(fn(x0, y0, sampling.split_rows(whole, 2)))
+    if not abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-6:
+        raise ValueError(
+            f"BilevelProblem(batch_chunks=...) needs {arg} to be a mean over the batch's rows: "
+            f"on the first {rows} rows of {arg}_data it is {a:.6g}, but the mean of its values "
+            f"on two halves of them is {b:.6g}. Use batch_chunks=1 for this loss."
+        )
 
 
 def check_scalar_output(out, arg: str, owner: str = "BilevelProblem") -> None:

@@ -37,7 +37,7 @@ from . import progress as _progress
 from ._tree import tree_allfinite
 from .metrics import default_metrics
 from .oracles import Counts
-from .problem import BilevelProblem, OnModels, ProblemKindError
+from .problem import BilevelProblem, ProblemKindError, users_function
 from .solvers.base import Solver
 
 PyTree = Any
@@ -371,13 +371,15 @@ def _signature(
     for fld in dataclasses.fields(solver):
         h.update(_closures(getattr(solver, fld.name)).encode())
     h.update(repr((problem.name, seeds, batched, eval_every, _CHECKPOINT_VERSION)).encode())
+    if getattr(problem, "batch_chunks", 1) > 1:  # (absent before the option: old prints hold)
+        h.update(f"batch_chunks {problem.batch_chunks}".encode())
     children, _ = problem.tree_flatten()
     leaves, treedef = jax.tree.flatten(children)
     h.update(str(treedef).encode())  # structure only: function reprs hold memory addresses
     if any(part is not None for part in problem.model_parts):  # a model's functions, ...
         h.update(_strip_addresses(repr(problem.model_parts)).encode())
     for fn in (problem.outer, problem.inner, problem.metrics, init):
-        fn = fn.fn if isinstance(fn, OnModels) else fn  # the user's own function
+        fn = users_function(fn)
         code = getattr(fn, "__code__", None)
         h.update(
             repr((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))).encode()

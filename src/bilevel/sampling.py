@@ -33,6 +33,7 @@ Two schemes (``BilevelProblem(sampling=...)``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -44,6 +45,9 @@ PyTree = Any
 
 __all__ = [
     "SCHEMES",
+    "Chunks",
+    "ChunkMean",
+    "split_rows",
     "num_samples",
     "batch_count",
     "Minibatches",
@@ -70,14 +74,42 @@ def batch_count(data: PyTree, batch_size: int | None) -> int:
     return num_samples(data) if batch_size is None else int(batch_size)
 
 
-def _gather(data: PyTree, idx: jax.Array | None, i) -> PyTree:
+def _gather(data: PyTree, idx: jax.Array | None, i, chunks: int = 1) -> PyTree:
     if data is None or idx is None:  # deterministic level, or full-batch oracle
         return data
     rows = idx[i]
+    spans = _chunk_spans(rows.shape[-1], chunks)
+    parts = [_part(data, rows, offset, size, len(spans) == 1) for offset, size in spans]
+    return parts[0] if len(parts) == 1 else Chunks(parts, [size for _, size in spans])
+
+
+def split_rows(batch: PyTree, chunks: int) -> PyTree:
+    """A materialised ``batch`` as the :class:`Chunks` the sampler would make of it with
+    ``chunks`` parts (the batch itself for one part)."""
+    spans = _chunk_spans(num_samples(batch), chunks)
+    if len(spans) == 1:
+        return batch
+    parts = [jax.tree.map(lambda a, o=o, m=m: a[o : o + m], batch) for o, m in spans]
+    return Chunks(parts, [m for _, m in spans])
+
+
+def _chunk_spans(size: int, chunks: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` of each part of a draw of ``size`` rows split into ``chunks``
+    near-equal parts (at most one per row): the first ``size % chunks`` get one row more."""
+    chunks = min(chunks, size)
+    sizes = [size // chunks + (c < size % chunks) for c in range(chunks)]
+    offsets = [sum(sizes[:c]) for c in range(chunks)]
+    return list(zip(offsets, sizes, strict=True))
+
+
+def _part(data: PyTree, rows: jax.Array, offset: int, size: int, whole: bool) -> PyTree:
+    """Rows ``offset, ..., offset + size - 1`` of a draw, as one materialised batch."""
     if rows.ndim == 2:  # scheme "window": (1, batch_size) copies of the window's first row
-        batch = jax.tree.map(lambda a: _window(a, rows[0, 0], rows.shape[1]), data)
+        start = _shifted(rows[0, 0], offset, num_samples(data))
+        batch = _window(data, start, size, whole=whole)
     else:
-        batch = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), data)
+        part = rows[offset : offset + size]
+        batch = jax.tree.map(lambda a: jnp.take(a, part, axis=0, mode="clip"), data)
     batch = parallel.shard_batch(batch)  # split over the devices of solve(devices=...), if any
     # Materialise the batch once: without the barrier XLA fused the (elementwise, ~1.4 ns per
     # entry on CPU) gather into each consumer and paid for it several times per oracle call
@@ -85,35 +117,112 @@ def _gather(data: PyTree, idx: jax.Array | None, i) -> PyTree:
     return jax.lax.optimization_barrier(batch)
 
 
-def _rows(data: PyTree, idx: jax.Array | None, i) -> jax.Array | None:
+def _shifted(start: jax.Array, offset: int, n: int) -> jax.Array:
+    """``(start + offset) mod n`` for ``0 <= start < n`` and ``0 <= offset < n``."""
+    if offset == 0:
+        return start
+    start = start + offset
+    return jnp.where(start >= n, start - n, start)
+
+
+def _rows(data: PyTree, idx: jax.Array | None, i, chunks: int = 1) -> jax.Array | None:
     """The data rows of draw i, in the order the batch holds them (None: full data)."""
     if data is None or idx is None:
         return None
     rows = idx[i]
     if rows.ndim == 1:  # "iid"
         return rows
-    n, size, start = num_samples(data), rows.shape[1], rows[0, 0]
-    j = jnp.arange(size, dtype=rows.dtype)
+    n = num_samples(data)
+    spans = _chunk_spans(rows.shape[-1], chunks)
+    parts = [_window_rows(n, _shifted(rows[0, 0], o, n), m, rows.dtype) for o, m in spans]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts)
+
+
+def _window_rows(n: int, start: jax.Array, size: int, dtype) -> jax.Array:
+    """The rows :func:`_window` returns for the window of ``size`` rows at ``start``, in order."""
+    j = jnp.arange(size, dtype=dtype)
     wrapped = jnp.where(j < start + size - n, j, n - size + j)  # _window's order when it wraps
     return jnp.where(start <= n - size, start + j, wrapped)
 
 
-def _window(a: jax.Array, start: jax.Array, size: int) -> jax.Array:
-    """Rows ``start, ..., start + size - 1`` of ``a``, cyclically (in another order when the
-    window wraps around: the rows past the end come first, which a mean does not see)."""
-    n = a.shape[0]
+def _window(data: PyTree, start: jax.Array, size: int, *, whole: bool = True) -> PyTree:
+    """Rows ``start, ..., start + size - 1`` of every leaf of ``data``, cyclically (in another
+    order when the window wraps around: the rows past the end come first, which a mean does
+    not see; :func:`_window_rows`)."""
+    n = num_samples(data)
 
-    def wrapped():  # rows n-size..n-1, the first start + size - n of them replaced by rows 0, ...
-        block = jax.lax.dynamic_slice_in_dim(a, n - size, size)
+    def selected():  # the window at min(start, n - size), its first rows replaced when it wraps
         head = jnp.arange(size) < start + size - n
-        return jnp.where(head.reshape((size,) + (1,) * (a.ndim - 1)), a[:size], block)
+        first = jnp.minimum(start, n - size)
 
-    # A cond, not a select over both: the select made every window an elementwise fusion
+        def leaf(a):
+            block = jax.lax.dynamic_slice_in_dim(a, first, size)
+            return jnp.where(head.reshape((size,) + (1,) * (a.ndim - 1)), a[:size], block)
+
+        return jax.tree.map(leaf, data)
+
+    if not whole:
+        # A part of a draw (batch_chunks): the select, whose first rows are the same for every
+        # draw and stay in cache, with no cond per part (measured on benchopt's quadratic,
+        # 8 parts of 8 rows of (100 x 100): 135 us per gradient, against 164-188 with a cond
+        # per part and 139-165 with no wrap-around at all).
+        return selected()
+
+    # A whole draw: a cond, not the select: the select made every window an elementwise fusion
     # (measured on 64 rows of 784 floats: 52 us per window and matmul, against 31 us for the
-    # plain dynamic_slice the cond runs in all but (size - 1) of the n starts).
-    return jax.lax.cond(
-        start <= n - size, lambda: jax.lax.dynamic_slice_in_dim(a, start, size), wrapped
-    )
+    # plain dynamic_slice the cond runs in all but (size - 1) of the n starts). One cond for
+    # all the leaves of a draw: each cond is a kernel launch of its own.
+    def inside():
+        return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), data)
+
+    return jax.lax.cond(start <= n - size, inside, selected)
+
+
+class Chunks:
+    """A minibatch held as consecutive parts (``BilevelProblem(batch_chunks=k)``): ``parts[c]``
+    is a batch pytree of ``sizes[c]`` rows. A loss that is a mean over rows takes the value
+    ``sum_c sizes[c] / b * loss(parts[c])`` on it (:class:`ChunkMean`), the same as on the whole
+    batch; each part is its own buffer, small enough to stay in cache while the oracle reads it
+    (why: docs/performance.md, item 13). The sizes are static (pytree aux data)."""
+
+    def __init__(self, parts, sizes):
+        self.parts, self.sizes = tuple(parts), tuple(int(m) for m in sizes)
+
+    def tree_flatten(self):
+        return self.parts, self.sizes
+
+    @classmethod
+    def tree_unflatten(cls, sizes, parts):
+        return cls(parts, sizes)
+
+    def __repr__(self) -> str:
+        return f"Chunks(sizes={self.sizes})"
+
+
+jax.tree_util.register_pytree_node_class(Chunks)
+
+
+class ChunkMean:
+    """``fn(..., batch)`` (a level's loss, the batch last) that also takes a :class:`Chunks`
+    batch: there it is the row-weighted mean of ``fn`` over the parts, which equals ``fn`` on
+    the whole batch when ``fn`` is a mean over rows (plus terms that do not read the batch).
+    Every derivative the solvers take of it is then the same weighted mean of the parts'
+    derivatives. Other batches go to ``fn`` unchanged. Compared by identity, as a function is."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args):
+        *head, batch = args
+        if not isinstance(batch, Chunks):
+            return self.fn(*args)
+        total = sum(batch.sizes)
+        pairs = zip(batch.parts, batch.sizes, strict=True)
+        terms = [m / total * self.fn(*head, part) for part, m in pairs]
+        return sum(terms[1:], terms[0])
+
+    def __repr__(self) -> str:
+        return f"ChunkMean({self.fn!r})"
 
 
 class Minibatches(NamedTuple):
@@ -133,21 +242,24 @@ class Minibatches(NamedTuple):
     inner_idx: jax.Array | None
     samples_outer: int  # samples drawn for the outer level in this step (static)
     samples_inner: int
+    # each draw as up to this many consecutive parts (a Chunks batch; static, a Python int:
+    # a Minibatches is made inside the step that uses it, never passed into a transformation)
+    chunks: int = 1
 
     def outer(self, i) -> PyTree:
-        return _gather(self.outer_data, self.outer_idx, i)
+        return _gather(self.outer_data, self.outer_idx, i, self.chunks)
 
     def inner(self, i) -> PyTree:
-        return _gather(self.inner_data, self.inner_idx, i)
+        return _gather(self.inner_data, self.inner_idx, i, self.chunks)
 
     def outer_rows(self, i) -> jax.Array | None:
         """The row indices of outer draw i, in the batch's order (None for full data): for a
         method that keeps a table per sample (SABA)."""
-        return _rows(self.outer_data, self.outer_idx, i)
+        return _rows(self.outer_data, self.outer_idx, i, self.chunks)
 
     def inner_rows(self, i) -> jax.Array | None:
         """The row indices of inner draw i, in the batch's order (None for full data)."""
-        return _rows(self.inner_data, self.inner_idx, i)
+        return _rows(self.inner_data, self.inner_idx, i, self.chunks)
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -199,11 +311,15 @@ def minibatches(
     outer: int,
     inner: int,
     scheme: str = "iid",
+    chunks: int = 1,
 ) -> Minibatches:
     """Draw the indices of ``outer`` outer and ``inner`` inner minibatches of ``batch_size``.
 
     ``batch_size=None`` means full-batch (deterministic) oracles: no indices, no gather.
     ``scheme``: ``"iid"`` (rows uniform with replacement) or ``"window"`` (module docstring).
+    ``chunks``: each draw is gathered as ``min(chunks, batch_size)`` consecutive parts, a
+    :class:`Chunks` batch, when above 1 (``BilevelProblem(batch_chunks=...)``); full batches
+    are never split.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"unknown sampling scheme {scheme!r}; use one of {SCHEMES}.")
@@ -215,4 +331,5 @@ def minibatches(
         inner_idx=_indices(k_in, inner_data, batch_size, inner, scheme),
         samples_outer=outer * batch_count(outer_data, batch_size),
         samples_inner=inner * batch_count(inner_data, batch_size),
+        chunks=chunks,
     )

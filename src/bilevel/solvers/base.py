@@ -158,6 +158,10 @@ class Solver(abc.ABC):
     #: whether the method is online (a stream of rounds: ``bl.solve_online`` on a
     #: ``bl.OnlineProblem``; ``solvers/online.py``) or offline (``bl.solve``)
     online: ClassVar[bool] = False
+    #: whether the method's minibatches may come split into ``problem.batch_chunks`` parts
+    #: (:class:`bilevel.sampling.Chunks`): False for a method that reads a batch row by row
+    #: (SABA's per-sample tables), whose batches stay whole
+    chunked_batches: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         """Register every solver class as a pytree and guard its ``init``/``step`` (once, here,
@@ -387,7 +391,8 @@ class Solver(abc.ABC):
     def minibatches(
         self, problem: BilevelProblem, key: jax.Array, *, outer: int, inner: int
     ) -> sampling.Minibatches:
-        """The ``outer`` outer and ``inner`` inner minibatches one step will use."""
+        """The ``outer`` outer and ``inner`` inner minibatches one step will use, each split
+        into ``problem.batch_chunks`` parts unless the method reads its batches row by row."""
         return sampling.minibatches(
             key,
             problem.outer_data,
@@ -396,6 +401,7 @@ class Solver(abc.ABC):
             outer=outer,
             inner=inner,
             scheme=problem.sampling,
+            chunks=getattr(problem, "batch_chunks", 1) if self.chunked_batches else 1,
         )
 
 

@@ -159,6 +159,7 @@ class SABA(SOBA):
     regimes: ClassVar[dict[str, tuple[float, float]]] = {"constant": (0.0, 0.0)}
     #: warn when the per-sample memory tables would hold more than this many bytes
     memory_warning_bytes: ClassVar[int] = 2**30
+    chunked_batches: ClassVar[bool] = False  # its tables are read and written row by row
 
     def validate(self) -> None:
         super().validate()
