@@ -137,7 +137,7 @@ class BilevelProblem(_ProblemCopies):
             first rows of the data; the values and every derivative are then the whole batch's,
             up to float rounding. Why: a part small enough to stay in the CPU's cache between
             its copy and the products that read it; worth it when each row is large (per-sample
-            matrices: 1.5x per gradient on benchopt's quadratic, docs/performance.md item 13),
+            matrices: 1.3-1.4x per F2SA step on benchopt's quadratic, docs/performance.md item 13),
             not for rows of a few thousand floats. Methods that read batches row by row (SABA)
             keep them whole.
 
