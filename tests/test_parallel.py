@@ -61,6 +61,10 @@ FOUR_DEVICES = textwrap.dedent("""
         # PZOBO-S runs its Q + 1 paths in one scan on each shared batch
         "quadratic-stable": (quad, "stable", STABLE, [0, 1], {"devices": 4}),
         "quadratic-pzobo-s": (quad, "pzobo-s", PZOBO_S, [0, 1], {"devices": 4}),
+        # minibatches in parts (BilevelProblem(batch_chunks=2)): each part split over the mesh
+        "cleaning-f2sa-parts": (
+            clean.replace(batch_chunks=2, sampling="window"), "f2sa", F2SA, [0, 1],
+            {"devices": 4}),
     }
 
     def arrays(res):
@@ -132,6 +136,7 @@ CASES = [
     "cleaning-soba",
     "quadratic-stable",
     "quadratic-pzobo-s",
+    "cleaning-f2sa-parts",
 ]
 
 
