@@ -29,6 +29,12 @@ Two schemes (``BilevelProblem(sampling=...)``):
   around. It also changes the results (see docs/performance.md): use it for speed on large,
   shuffled data. Unlike benchopt's per-epoch permutation of fixed blocks, it needs no sampler
   state and every draw is uniform on its own.
+
+Parts (``BilevelProblem(batch_chunks=k)``): each draw, of either scheme, is gathered as k
+consecutive parts of near-equal size, a :class:`Chunks` batch, on which a level's loss is the
+row-weighted mean over the parts (:class:`ChunkMean`): the same value and derivatives for a
+loss that is a mean over rows, with each part's copy small enough to stay in cache for the
+products that read it (large rows such as per-sample matrices; docs/performance.md item 13).
 """
 
 from __future__ import annotations
