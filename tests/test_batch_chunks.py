@@ -77,6 +77,15 @@ def test_the_parts_of_a_draw_are_its_rows_in_order(scheme):
                 )
 
 
+def test_minibatches_keep_their_parts_through_jit():  # the part count is static pytree data
+    data = {"row": jnp.arange(20.0)}
+    mb = sampling.minibatches(jax.random.key(1), None, data, 8, outer=0, inner=2, chunks=3)
+    parts = jax.jit(lambda m: m.inner(1))(mb)
+    assert isinstance(parts, sampling.Chunks) and parts.sizes == (3, 3, 2)
+    rows = jnp.concatenate([p["row"] for p in parts.parts])
+    np.testing.assert_array_equal(rows, mb.inner_rows(1))
+
+
 def test_full_batches_and_one_chunk_stay_whole():
     data = {"row": jnp.arange(6.0)}
     full = sampling.minibatches(jax.random.key(0), data, None, None, outer=1, inner=0, chunks=4)

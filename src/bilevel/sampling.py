@@ -39,8 +39,10 @@ products that read it (large rows such as per-sample matrices; docs/performance.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -231,12 +233,26 @@ class ChunkMean:
         return f"ChunkMean({self.fn!r})"
 
 
-class Minibatches(NamedTuple):
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=[
+        "outer_data",
+        "inner_data",
+        "outer_idx",
+        "inner_idx",
+        "samples_outer",
+        "samples_inner",
+    ],
+    meta_fields=["chunks"],
+)
+@dataclasses.dataclass(frozen=True)
+class Minibatches:
     """The minibatches of one solver step: ``outer(i)`` and ``inner(i)`` for draw i.
 
     ``i`` may be traced (an inner-loop counter). Draws of one level are independent; calling
     ``inner(i)`` twice with the same i returns the *same* sample (that is how a method reuses a
     sample on purpose, e.g. STABLE's one inner sample for the Hessian and the y-gradient).
+    A pytree: it may travel through jit/vmap/scan, ``chunks`` as static data.
     """
 
     outer_data: PyTree
@@ -248,9 +264,7 @@ class Minibatches(NamedTuple):
     inner_idx: jax.Array | None
     samples_outer: int  # samples drawn for the outer level in this step (static)
     samples_inner: int
-    # each draw as up to this many consecutive parts (a Chunks batch; static, a Python int:
-    # a Minibatches is made inside the step that uses it, never passed into a transformation)
-    chunks: int = 1
+    chunks: int = 1  # each draw as up to this many consecutive parts (a Chunks batch; static)
 
     def outer(self, i) -> PyTree:
         return _gather(self.outer_data, self.outer_idx, i, self.chunks)
