@@ -7,6 +7,8 @@ equal the whole batch's (float64: up to summation order, so rtol 1e-12 for one e
 the parts of every draw are exactly the rows of the whole draw, in order.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +169,26 @@ def test_a_loss_that_is_not_a_row_mean_is_refused():
     with pytest.raises(ValueError, match="needs outer to be a mean over the batch's rows"):
         bl.BilevelProblem(summed, _mean_loss, jnp.ones(2), jnp.ones(4), data, data, batch_chunks=2)
     bl.BilevelProblem(summed, _mean_loss, jnp.ones(2), jnp.ones(4), data, data)  # whole: fine
+
+
+def test_checkpoint_fingerprint_sees_the_parts_and_the_users_function(tmp_path):
+    """A resumed run with parts ends as the uninterrupted one; the fingerprint names the part
+    count and hashes the user's own functions (not the ChunkMean view around them)."""
+    from bilevel.problem import users_function
+    from bilevel.run import _signature
+
+    problem, solver = _stochastic(batch_chunks=2), bl.solvers.make("f2sa", batch_size=20)
+    args = dict(seed=0, progress=False, eval_every=5)
+    straight = bl.solve(problem, solver, steps=10, **args)
+    keep = dict(checkpoint=tmp_path, checkpoint_interval=0)
+    bl.solve(problem, solver, steps=5, **keep, **args)
+    resumed = bl.solve(problem, solver, steps=10, **keep, **args)
+    np.testing.assert_array_equal(resumed.x, straight.x)
+    signature = functools.partial(_signature, solver=solver, seeds=[0], batched=False, eval_every=5)
+    assert signature(problem) != signature(problem.replace(batch_chunks=3))
+    assert signature(problem) != signature(problem.replace(batch_chunks=1))
+
+    def other_outer(x, y, batch):  # another row-mean loss: another trajectory
+        return 2.0 * users_function(problem.outer)(x, y, batch)
+
+    assert signature(problem) != signature(problem.replace(outer=other_outer))
