@@ -19,14 +19,16 @@ after :func:`bilevel.dot_merge.simplify` has written each jaxpr's products in XL
 removed its duplicate and dead equations), lets loops carry narrow weight matrices as their
 transposes where that makes their updates flat (:mod:`bilevel.carry_layout`), and writes small
 products as a multiply and a reduction that join the kernels around them
-(:mod:`bilevel.small_dots`: vmapped seeds of small problems). Values are those of the original
-program up to floating-point summation order.
+(:mod:`bilevel.small_dots`: vmapped seeds of small problems), and writes PRNG key splits out
+as one fused kernel (:mod:`bilevel.unrolled_keys`: the same keys, bit for bit). Values are those
+of the original program up to floating-point summation order.
 
 ``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
 mesh) after all differentiation has happened: the rewritten program is compiled, never
 differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns the whole rewrite off,
 ``BILEVEL_MERGE_DOTS=0`` only the merging, ``BILEVEL_CARRY_LAYOUT=0`` only the transposed
-carries, ``BILEVEL_SMALL_DOTS=0`` only the small products.
+carries, ``BILEVEL_SMALL_DOTS=0`` only the small products, ``BILEVEL_UNROLLED_KEYS=0`` only the
+key splits.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import jax
 from jax import lax
 from jax.extend import core as jcore
 
-from . import carry_layout, dot_merge, small_dots
+from . import carry_layout, dot_merge, small_dots, unrolled_keys
 
 __all__ = ["keep_wide_dots", "enabled"]
 
@@ -161,6 +163,7 @@ def _evaluate(
     env: dict[Any, Any] = {}
     reps = carry_layout.Representations()
     small = small_dots.enabled()
+    keys = unrolled_keys.enabled()
 
     def read(v):
         return v.val if isinstance(v, jcore.Literal) else env[v]
@@ -210,6 +213,8 @@ def _evaluate(
         with eqn.ctx.manager:
             if small and small_dots.keep_small(eqn):
                 outs = small_dots.multiply_reduce(*map(read, eqn.invars), **bind_params)
+            elif keys and unrolled_keys.applies(eqn):
+                outs = unrolled_keys.split(read(eqn.invars[0]), params["shape"])
             else:
                 outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
         if not eqn.primitive.multiple_results:
