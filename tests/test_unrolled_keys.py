@@ -1,7 +1,8 @@
-"""``bilevel.unrolled_keys``: Threefry key splits written out as one fused kernel.
+"""``bilevel.unrolled_keys``: Threefry key splits and random bits written out as fused kernels.
 
 Exact answers: the hash against the Threefry-2x32 known-answer vector of Salmon et al.'s Random123
-(20 rounds, key and counter 0), and every split bit for bit against ``jax.random.split``; whole
+(20 rounds, key and counter 0), every split and draw of bits bit for bit against
+``jax.random.split`` / ``jax.random.bits``; whole
 solver runs with the rewrite on and off give bit-identical iterates (the keys are the same, and
 nothing else in the program changes).
 """
@@ -33,6 +34,20 @@ def test_split_is_jax_split_bit_for_bit(shape):
     np.testing.assert_array_equal(jax.random.key_data(unrolled_keys.split(keys, shape)), want)
 
 
+@pytest.mark.parametrize("width", [8, 16, 32, 64])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4)])
+def test_random_bits_are_jax_bits_bit_for_bit(width, shape):
+    dtype = jnp.dtype(f"uint{width}")
+    key = jax.random.key(7)
+    want = jax.random.bits(key, shape, dtype=dtype)
+    got = unrolled_keys.random_bits(key, width, shape)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    keys = jax.random.split(jax.random.key(1), 4)
+    want = jax.vmap(lambda k: jax.random.bits(k, shape, dtype=dtype))(keys)
+    np.testing.assert_array_equal(unrolled_keys.random_bits(keys, width, shape), want)
+
+
 def _split_equations(fn, *args):
     jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
     return [e for e in jaxpr.eqns if e.primitive.name == "random_split"]
@@ -55,8 +70,9 @@ def test_rewritten_programs_have_no_key_loop(monkeypatch):
     """Ten vmapped splits: JAX's CPU lowering is a rolled loop; rewritten, none is left."""
     keys = jax.random.split(jax.random.key(5), 10)
 
-    def splits(k):
-        return jax.random.key_data(jax.vmap(lambda kk: jax.random.split(kk, 3))(k))
+    def splits(k):  # keys, and Gaussians drawn from them (random_bits underneath)
+        new = jax.vmap(lambda kk: jax.random.split(kk, 3))(k)
+        return jax.random.key_data(new), jax.vmap(lambda kk: jax.random.normal(kk, (6,)))(k)
 
     texts, values = {}, {}
     for switch in ("0", "1"):
@@ -64,7 +80,8 @@ def test_rewritten_programs_have_no_key_loop(monkeypatch):
         compiled = jax.jit(wide_dots.keep_wide_dots(splits)).lower(keys).compile()
         texts[switch], values[switch] = compiled.as_text(), compiled(keys)
     assert "while" in texts["0"] and "while" not in texts["1"]
-    np.testing.assert_array_equal(values["1"], values["0"])
+    for on, off in zip(values["1"], values["0"], strict=True):
+        np.testing.assert_array_equal(on, off)
 
 
 @pytest.mark.parametrize("name", ["f2sa", "soba", "pzobo"])

@@ -214,7 +214,7 @@ def _evaluate(
             if small and small_dots.keep_small(eqn):
                 outs = small_dots.multiply_reduce(*map(read, eqn.invars), **bind_params)
             elif keys and unrolled_keys.applies(eqn):
-                outs = unrolled_keys.split(read(eqn.invars[0]), params["shape"])
+                outs = unrolled_keys.evaluate(eqn, read(eqn.invars[0]))
             else:
                 outs = eqn.primitive.bind(*map(read, eqn.invars), **bind_params)
         if not eqn.primitive.multiple_results:
