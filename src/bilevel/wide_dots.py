@@ -19,16 +19,16 @@ after :func:`bilevel.dot_merge.simplify` has written each jaxpr's products in XL
 removed its duplicate and dead equations), lets loops carry narrow weight matrices as their
 transposes where that makes their updates flat (:mod:`bilevel.carry_layout`), and writes small
 products as a multiply and a reduction that join the kernels around them
-(:mod:`bilevel.small_dots`: vmapped seeds of small problems), and writes PRNG key splits out
-as one fused kernel (:mod:`bilevel.unrolled_keys`: the same keys, bit for bit). Values are those
-of the original program up to floating-point summation order.
+(:mod:`bilevel.small_dots`: vmapped seeds of small problems), and writes PRNG key splits and
+random bits out as fused kernels (:mod:`bilevel.unrolled_keys`: the same words, bit for bit).
+Values are those of the original program up to floating-point summation order.
 
 ``bl.solve`` applies it to its compiled chunk of solver steps on CPU (one device; not under a
 mesh) after all differentiation has happened: the rewritten program is compiled, never
 differentiated. ``BILEVEL_WIDE_DOTS=0`` in the environment turns the whole rewrite off,
 ``BILEVEL_MERGE_DOTS=0`` only the merging, ``BILEVEL_CARRY_LAYOUT=0`` only the transposed
 carries, ``BILEVEL_SMALL_DOTS=0`` only the small products, ``BILEVEL_UNROLLED_KEYS=0`` only the
-key splits.
+key splits and draws.
 """
 
 from __future__ import annotations
