@@ -45,8 +45,8 @@ _PARITY = np.uint32(0x1BD11BDA)
 
 
 def enabled() -> bool:
-    """Whether :func:`bilevel.wide_dots.keep_wide_dots` replaces key splits: unless
-    ``BILEVEL_UNROLLED_KEYS=0``."""
+    """Whether :func:`bilevel.wide_dots.keep_wide_dots` replaces key splits and draws of random
+    bits: unless ``BILEVEL_UNROLLED_KEYS=0``."""
     return os.environ.get("BILEVEL_UNROLLED_KEYS", "1") != "0"
 
 
@@ -54,6 +54,8 @@ def applies(eqn) -> bool:
     """Whether ``eqn`` is a split of Threefry keys, or a draw of random bits from them, that
     :func:`evaluate` reproduces."""
     if eqn.primitive.name not in _PRIMITIVES or not jax.config.jax_threefry_partitionable:
+        return False
+    if math.prod(eqn.params["shape"]) >= 2**32:  # counters with a high word: left to JAX
         return False
     dtype = eqn.invars[0].aval.dtype
     if not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
@@ -87,15 +89,16 @@ def threefry2x32(k1, k2, x1, x2) -> tuple[jax.Array, jax.Array]:
 
 
 def _hash_counters(keys: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
-    """Threefry of the counters ``0, ..., prod(shape) - 1`` (laid out in ``shape``) under each
-    key of ``keys``: two uint32 arrays of shape ``keys.shape + shape``."""
+    """Threefry of the counters ``0, ..., prod(shape) - 1`` (laid out in ``shape``; fewer than
+    2^32, so their high words are 0) under each key of ``keys``: two uint32 arrays of shape
+    ``keys.shape + shape``."""
     words = jax.random.key_data(keys)  # (..., 2) uint32
     out = keys.shape + tuple(shape)
     expand = (...,) + (None,) * len(shape)
     k1, k2 = (jnp.broadcast_to(words[..., w][expand], out) for w in (0, 1))
-    counter = np.arange(math.prod(shape), dtype=np.uint64).reshape(shape)
-    high, low = (counter >> np.uint64(32)).astype(np.uint32), counter.astype(np.uint32)
-    return threefry2x32(k1, k2, jnp.broadcast_to(high, out), jnp.broadcast_to(low, out))
+    low = jnp.arange(math.prod(shape), dtype=jnp.uint32).reshape(shape)  # an iota, no constant
+    high = jnp.zeros(out, jnp.uint32)
+    return threefry2x32(k1, k2, high, jnp.broadcast_to(low, out))
 
 
 def split(keys: jax.Array, shape: tuple[int, ...]) -> jax.Array:
