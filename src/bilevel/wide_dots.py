@@ -19,7 +19,7 @@ after :func:`bilevel.dot_merge.simplify` has written each jaxpr's products in XL
 removed its duplicate and dead equations), lets loops carry narrow weight matrices as their
 transposes where that makes their updates flat (:mod:`bilevel.carry_layout`), and writes small
 products as a multiply and a reduction that join the kernels around them
-(:mod:`bilevel.small_dots`: vmapped seeds of small problems), and writes PRNG key splits and
+(:mod:`bilevel.small_dots`: vmapped seeds of small problems) and PRNG key splits and
 random bits out as fused kernels (:mod:`bilevel.unrolled_keys`: the same words, bit for bit).
 Values are those of the original program up to floating-point summation order.
 

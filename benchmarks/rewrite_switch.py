@@ -1,12 +1,16 @@
-"""Small products as multiply-reduce (``bilevel.small_dots``): time per step off / on.
+"""One switch of the CPU rewrite (``bilevel.wide_dots``' pass) off / on: time per step.
 
-For each problem, number of seeds and solver: the compiled chunk ``bl.solve`` runs, built with
-``BILEVEL_SMALL_DOTS=0`` and with it on, timed alternately in this one process (the median
-per-pair ratio, ``timing.paired_times``); nothing passes or fails on time. The problems are
-the quadratic test problem at small sizes (where vmapped seeds make products small enough to
-rewrite), a size where it should change nothing, and its stochastic form.
+``--switch`` names the environment variable: ``BILEVEL_SMALL_DOTS`` (small products as
+multiply-reduce, ``bilevel.small_dots``; the default) or ``BILEVEL_UNROLLED_KEYS`` (key splits and
+random bits written out, ``bilevel.unrolled_keys``), or another of the switches the
+``wide_dots`` docstring lists. For each problem, number of seeds and solver: the compiled chunk
+``bl.solve`` runs, built with the switch at 0 and at 1, timed alternately in this one process
+(the median per-pair ratio, ``timing.paired_times``); nothing passes or fails on time. The
+problems are the quadratic test problem at small sizes (where vmapped seeds make products small
+enough to rewrite), a size where small products change nothing, and its stochastic form.
 
-Run: ``python benchmarks/small_dots.py [--solvers f2sa stocbio] [--seeds 1 10]``.
+Run: ``python benchmarks/rewrite_switch.py [--switch BILEVEL_UNROLLED_KEYS] [--solvers f2sa
+stocbio] [--seeds 1 10]``.
 """
 
 from __future__ import annotations
@@ -33,23 +37,24 @@ PROBLEMS = {
 }
 
 
-def chunk(problem, solver, steps, seeds, switch):
-    """The compiled chunk with the rewrite ``switch``ed ("0" off, "1" on)."""
-    os.environ["BILEVEL_SMALL_DOTS"] = switch
+def chunk(problem, solver, steps, seeds, variable, switch):
+    """The compiled chunk with the rewrite ``variable`` set to ``switch`` ("0" off, "1" on)."""
+    os.environ[variable] = switch
     bl.run._COMPILED.clear()
     return solver_chunk(problem, solver, steps, seeds)[0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--switch", default="BILEVEL_SMALL_DOTS", help="environment variable")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seeds", type=int, nargs="*", default=[10, 1])
     parser.add_argument("--solvers", nargs="*", default=["f2sa", "stocbio", "soba", "pzobo"])
     args = parser.parse_args()
     print(
-        f"us per step, best of {args.repeats}; off/on: median of {args.repeats} alternated "
-        f"pairs; {args.steps} steps per timing"
+        f"{args.switch} off / on: us per step, best of {args.repeats}; off/on: median of "
+        f"{args.repeats} alternated pairs; {args.steps} steps per timing"
     )
     print(f"{'problem':38s} {'seeds':>5s} {'solver':8s} {'off':>8s} {'on':>8s} {'off/on':>7s}")
     for label, (make, settings) in PROBLEMS.items():
@@ -58,15 +63,15 @@ def main() -> None:
             for name in args.solvers:
                 solver = bl.solvers.make(name, lr_outer=0.01, lr_inner=0.05, **settings)
                 solver = solver.resolve(problem)
-                off = chunk(problem, solver, args.steps, seeds, "0")
-                on = chunk(problem, solver, args.steps, seeds, "1")
+                off = chunk(problem, solver, args.steps, seeds, args.switch, "0")
+                on = chunk(problem, solver, args.steps, seeds, args.switch, "1")
                 t_off, t_on, ratio = paired_times(off, on, args.repeats)
                 per_step = 1e6 / args.steps
                 print(
                     f"{label:38s} {seeds:5d} {name:8s} {t_off * per_step:8.1f} "
                     f"{t_on * per_step:8.1f} {ratio:7.2f}"
                 )
-    os.environ.pop("BILEVEL_SMALL_DOTS", None)
+    os.environ.pop(args.switch, None)
 
 
 if __name__ == "__main__":
