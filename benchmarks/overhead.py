@@ -1,13 +1,17 @@
 """Solver overhead: time per step against the raw oracle floor, and 10 vmapped seeds vs 1.
 
-For every registered solver, on the stochastic quadratic (dx=10, dy=50, 2000 samples, batch 64):
+For every registered solver, on the stochastic quadratic (dx=10, dy=50, 2000 samples, batch 64;
+``--problem small``: dx=2, dy=5, 500 samples, where per-kernel costs dominate; ``--problem
+cleaning``: data hyper-cleaning):
 
 * ``solver/floor``: the solver's compiled chunk (what ``bl.solve`` times) against a bare
   ``lax.scan`` that makes the same oracle calls on the same number of fresh minibatches (read
   off the solver's own call counts) and nothing else. Above 1 is the cost of the method's own
   arithmetic and control flow.
 * ``10 seeds/1 seed``: time of the compiled chunk running 10 vmapped seeds over one seed
-  (steady state), then the wall time of whole ``bl.solve`` calls (compilation included).
+  (steady state), beside the same ratio for the raw oracle floor (``floor 10/1``: what the
+  oracle calls alone cost for 10 seeds), then the wall time of whole ``bl.solve`` calls
+  (compilation included).
 
 Also the sampler choices of ``bilevel.sampling``: the hash index generator against
 ``jax.random.randint``, and a gather of a random batch against a contiguous ``dynamic_slice``.
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import cleaning  # noqa: E402
 from timing import (  # noqa: E402
     best_time,
+    floor_seed_ratio,
     paired_times,
     solver_chunk,
     versus_floor,
@@ -77,6 +82,8 @@ def make_problem(which: str):
     training images; random Gaussian images of the same shape without Fashion-MNIST)."""
     if which == "quadratic":
         return bl.problems.quadratic(stochastic=True)
+    if which == "small":
+        return bl.problems.quadratic(2, 5, stochastic=True, n_samples=500)
     try:
         return bl.problems.hyper_cleaning_dataset(n_train=20000, n_val=5000, n_test=1000)
     except bl.data.DatasetNotFoundError as err:
@@ -91,7 +98,9 @@ def main() -> None:
     parser.add_argument("--e2e-repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--solvers", nargs="*", default=None)
-    parser.add_argument("--problem", choices=("quadratic", "cleaning"), default="quadratic")
+    parser.add_argument(
+        "--problem", choices=("quadratic", "small", "cleaning"), default="quadratic"
+    )
     parser.add_argument("--sampling", choices=bl.sampling.SCHEMES, default="iid")
     parser.add_argument(
         "--floor-only", action="store_true", help="only solver/floor (no seeds, no end to end)"
@@ -107,7 +116,7 @@ def main() -> None:
     )
     header = (
         f"{'solver':10s} {'us/step':>9s} {'floor':>9s} {'solver/floor':>13s} "
-        f"{'10 seeds':>10s} {'10 seeds/1 seed':>16s}"
+        f"{'10 seeds':>10s} {'10 seeds/1 seed':>16s} {'floor 10/1':>11s}"
     )
     print(header)
     print("-" * len(header))
@@ -126,9 +135,12 @@ def main() -> None:
             continue
         run10, _ = solver_chunk(problem, solver, args.steps, 10)
         t10, _, r_seeds = paired_times(run10, run1, args.repeats)
+        r_floor_seeds = floor_seed_ratio(
+            problem, solver, state, args.batch, args.steps, 10, args.repeats
+        )
         print(
             f"{name:10s} {t1 / steps * 1e6:9.1f} {t_floor / steps * 1e6:9.1f} {r_floor:13.2f} "
-            f"{t10 / steps * 1e6:10.1f} {r_seeds:16.2f}"
+            f"{t10 / steps * 1e6:10.1f} {r_seeds:16.2f} {r_floor_seeds:11.2f}"
         )
     if args.floor_only:
         return

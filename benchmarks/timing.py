@@ -58,14 +58,16 @@ def per_step_calls(problem, solver, state):
     after = jax.jit(solver.step)(problem, one)
     c0, c1 = state.counts, after.counts
     calls = {k: int(getattr(c1, k)) - int(getattr(c0, k)) for k in c0.oracle_kinds}
-    bs = solver.batch_size
+    bs = solver.batch_size or 1  # deterministic problems draw nothing
     draws_in = (int(c1.samples_inner) - int(c0.samples_inner)) // bs
     draws_out = (int(c1.samples_outer) - int(c0.samples_outer)) // bs
     return calls, draws_out, draws_in
 
 
-def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
-    """A bare scan making ``calls`` oracle calls per step on fresh minibatches."""
+def floor_program(problem, calls, draws_out, draws_in, batch_size, steps, seeds=1):
+    """A bare scan making ``calls`` oracle calls per step on fresh minibatches; with
+    ``seeds > 1`` vmapped over that many (x, y, key), each argument with a leading seed axis,
+    before the rewrite, as ``bl.solve`` compiles a run of several seeds."""
     f, g = problem.outer, problem.inner
     n_out = max(draws_out, calls["grad_f"] + calls["value_f"], 1)
     n_in = max(draws_in, 1)
@@ -128,8 +130,27 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps):
     def run(x, y, key):
         return jax.lax.scan(step, (x, y, key), None, length=steps)[0]
 
+    if seeds > 1:
+        run = jax.vmap(run)
     # compiled as bl.solve compiles a chunk, so the ratio compares the same kernels
     return jax.jit(wide_dots.keep_wide_dots(run) if wide_dots.enabled() else run)
+
+
+def floor_seed_ratio(problem, solver, state, batch_size, steps, seeds, repeats):
+    """The raw oracle floor of ``solver`` with ``seeds`` vmapped seeds over one seed (median
+    per-pair ratio): what the oracle calls alone cost for more seeds, beside the solver's own."""
+    calls, draws_out, draws_in = per_step_calls(problem, solver, state)
+    one = floor_program(problem, calls, draws_out, draws_in, batch_size, steps)
+    many = floor_program(problem, calls, draws_out, draws_in, batch_size, steps, seeds)
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+
+    def stacked(tree):
+        return jax.tree.map(lambda a: jnp.broadcast_to(a, (seeds, *jnp.shape(a))), tree)
+
+    xs, ys = stacked(problem.x0), stacked(problem.y0)
+    return paired_times(
+        lambda: many(xs, ys, keys), lambda: one(problem.x0, problem.y0, keys[0]), repeats
+    )[2]
 
 
 def versus_floor(problem, solver, run, state, batch_size, steps, repeats):
