@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bilevel.solvers.eigen_floor import (
-    extreme_eigenvalues,
     floor_and_factor,
     floor_eigenvalues,
+    smallest_eigenvalue,
     solve_with_factor,
 )
 
@@ -33,13 +33,15 @@ def spd():
     return a @ a.T / 50 + 0.5 * np.eye(50)  # lambda_min ~ 0.5, lambda_max ~ 4
 
 
-def test_extreme_eigenvalues_match_eigh(spd):
+def test_smallest_eigenvalue_matches_eigh(spd):
+    """lambda_min to round-off (float64), on the 50 x 50 SPD matrix, a 1 x 1 and an indefinite
+    2 x 2 (a bisection that returned another eigenvalue, e.g. select index n - 1, fails)."""
     lam = np.linalg.eigvalsh(spd)
-    low, high = extreme_eigenvalues(jnp.asarray(spd))
-    np.testing.assert_allclose([low, high], [lam[0], lam[-1]], rtol=1e-12)
+    np.testing.assert_allclose(smallest_eigenvalue(jnp.asarray(spd)), lam[0], rtol=1e-12)
     for m in (np.array([[3.0]]), np.array([[2.0, 1.0], [1.0, -1.0]])):
-        lam = np.linalg.eigvalsh(m)
-        np.testing.assert_allclose(extreme_eigenvalues(jnp.asarray(m)), [lam[0], lam[-1]])
+        expected = np.linalg.eigvalsh(m)[0]
+        np.testing.assert_allclose(smallest_eigenvalue(jnp.asarray(m)), expected, rtol=1e-12)
+    assert float(jax.jit(smallest_eigenvalue)(jnp.asarray(spd))) == pytest.approx(lam[0], 1e-12)
 
 
 @pytest.mark.parametrize("offset", [-0.3, 0.05, 1.0])  # floor below / just above / far above
