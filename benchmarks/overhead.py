@@ -13,7 +13,7 @@ cleaning``: data hyper-cleaning):
   oracle calls alone cost for 10 seeds), then the wall time of whole ``bl.solve`` calls
   (compilation included).
 
-Also the sampler choices of ``bilevel.sampling``: the hash index generator against
+Also the sampler choices of ``bilevel.core.sampling``: the hash index generator against
 ``jax.random.randint``, and a gather of a random batch against a contiguous ``dynamic_slice``.
 
 All numbers are ratios measured in this one run; the two programs of a ratio are timed
@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 
 import bilevel as bl
+import bilevel.core.sampling  # noqa: F401  (bl.sampling)
 import bilevel.data  # noqa: F401  (bl.data)
-import bilevel.sampling  # noqa: F401  (bl.sampling)
-from bilevel import sampling
+from bilevel.core import sampling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import cleaning  # noqa: E402

@@ -1,8 +1,8 @@
-"""One switch of the CPU rewrite (``bilevel.wide_dots``' pass) off / on: time per step.
+"""One switch of the CPU rewrite (``bilevel.drivers._xla_cpu.wide_dots``' pass) off / on: time per step.
 
 ``--switch`` names the environment variable: ``BILEVEL_SMALL_DOTS`` (small products as
-multiply-reduce, ``bilevel.small_dots``; the default) or ``BILEVEL_UNROLLED_KEYS`` (key splits and
-random bits written out, ``bilevel.unrolled_keys``), or another of the switches the
+multiply-reduce, ``bilevel.drivers._xla_cpu.small_dots``; the default) or ``BILEVEL_UNROLLED_KEYS`` (key splits and
+random bits written out, ``bilevel.drivers._xla_cpu.unrolled_keys``), or another of the switches the
 ``wide_dots`` docstring lists. For each problem, number of seeds and solver: the compiled chunk
 ``bl.solve`` runs, built with the switch at 0 and at 1, timed alternately in this one process
 (the median per-pair ratio, ``timing.paired_times``); nothing passes or fails on time. The

@@ -1,7 +1,7 @@
 """What the sampling scheme does to convergence, beside what it does to speed.
 
 On the stochastic quadratic (exact ||grad F||), each solver runs ``--steps`` steps from the same
-start under both schemes of ``bilevel.sampling`` (``"iid"`` rows, ``"window"`` of consecutive
+start under both schemes of ``bilevel.core.sampling`` (``"iid"`` rows, ``"window"`` of consecutive
 rows at a random start), over ``--seeds`` seeds in one vmapped program; prints the final
 ||grad F|| (mean and range over seeds) and the time per step of each scheme (compiled chunk,
 alternated pairs). Nothing passes or fails. Run: ``python benchmarks/sampling_effect.py``.

@@ -2,7 +2,7 @@
 
 For each problem and solver, the compiled chunk ``bl.solve`` runs (``eval_every`` steps of a
 ``lax.scan``) without a mesh, and the same chunk with every minibatch split over ``k`` devices
-(``bilevel.parallel``); the two are timed alternately and the median per-pair ratio printed
+(``bilevel.core.sharding``); the two are timed alternately and the median per-pair ratio printed
 (``timing.paired_times``). On a CPU the devices are forced host devices
 (``--xla_force_host_platform_device_count``, set below before jax is imported): they share the
 machine's cores, so this measures the cost of the partitioned program and its all-reduces, not
@@ -32,7 +32,7 @@ from memory import cleaning  # noqa: E402
 from timing import paired_times, solver_chunk  # noqa: E402
 
 import bilevel as bl  # noqa: E402
-from bilevel import parallel  # noqa: E402
+from bilevel.core import sharding as parallel  # noqa: E402
 
 
 def main() -> None:

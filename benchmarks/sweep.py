@@ -28,7 +28,7 @@ import itertools
 import time
 
 import bilevel as bl
-from bilevel import run
+from bilevel.drivers import run
 
 GRID = {"lr_outer": [0.002, 0.005, 0.01, 0.02], "lr_inner": [0.02, 0.05, 0.1, 0.2]}
 SEEDS = range(5)

@@ -9,9 +9,12 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bilevel import oracles, parallel, sampling, wide_dots
-from bilevel._tree import tree_axpy
-from bilevel.run import _compiled, _init_states
+from bilevel import oracles
+from bilevel.core import sampling
+from bilevel.core import sharding as parallel
+from bilevel.core.tree import tree_axpy
+from bilevel.drivers._xla_cpu import wide_dots
+from bilevel.drivers.run import _compiled, _init_states
 
 
 def best_time(fn, *args, repeats: int) -> float:

@@ -11,7 +11,7 @@ and the same loss functions, in this one process:
   Fashion-MNIST (MNIST cannot be downloaded here; the script writes the ``mnist.pkl`` that
   benchopt's loader reads, in a temporary directory).
 
-Ours runs under both sampling schemes of ``bilevel.sampling``: ``"window"`` (contiguous rows
+Ours runs under both sampling schemes of ``bilevel.core.sampling``: ``"window"`` (contiguous rows
 at a random start, what benchopt's samplers draw too) and ``"iid"`` (the default); the floor
 ratio (``timing.versus_floor``: our chunk over a bare scan of the same oracle calls on the same
 kind of batches) is for "window". The quadratic runs twice: with whole minibatches, and with

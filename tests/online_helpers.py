@@ -3,8 +3,8 @@ minibatches a round drew (to rebuild them in a numpy replica)."""
 
 import jax
 
-from bilevel import sampling
-from bilevel.online.data import round_slice
+from bilevel.core import sampling
+from bilevel.core.streams import round_slice
 
 
 def play_rounds(solver, problem, n: int, key: int = 0) -> list:

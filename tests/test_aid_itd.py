@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import linsolve, oracles, sampling
+from bilevel import oracles
+from bilevel.core import linsolve, sampling
 
 LR = 0.1  # the inner step 1/L_g of the hypergradient checks
 

@@ -1,5 +1,5 @@
 """``BilevelProblem(batch_chunks=k)``: minibatches evaluated as the row-weighted mean over k
-consecutive parts (``bilevel.sampling.Chunks`` / ``ChunkMean``).
+consecutive parts (``bilevel.core.sampling.Chunks`` / ``ChunkMean``).
 
 Exact answers: for a loss that is a mean over rows, the value and every derivative on the parts
 equal the whole batch's (float64: up to summation order, so rtol 1e-12 for one evaluation and
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
+from bilevel import oracles
+from bilevel.core import sampling
 
 
 def _mean_loss(x, y, batch):  # a mean over rows plus a term that does not read the batch
@@ -174,8 +175,8 @@ def test_a_loss_that_is_not_a_row_mean_is_refused():
 def test_checkpoint_fingerprint_sees_the_parts_and_the_users_function(tmp_path):
     """A resumed run with parts ends as the uninterrupted one; the fingerprint names the part
     count and hashes the user's own functions (not the ChunkMean view around them)."""
-    from bilevel.problem import users_function
-    from bilevel.run import _signature
+    from bilevel.core.problem import users_function
+    from bilevel.drivers.run import _signature
 
     problem, solver = _stochastic(batch_chunks=2), bl.solvers.make("f2sa", batch_size=20)
     args = dict(seed=0, progress=False, eval_every=5)

@@ -1,4 +1,4 @@
-"""bilevel.carry_layout (through wide_dots.keep_wide_dots): loops carry narrow weight matrices
+"""bilevel.drivers._xla_cpu.carry_layout (through wide_dots.keep_wide_dots): loops carry narrow weight matrices
 transposed where their updates are elementwise in the transposed gradient; values unchanged;
 carries that would need a transpose every step, or that a loop condition reads, stay as they
 are."""
@@ -11,7 +11,8 @@ from test_wide_dots import _cleaning_like_problem, _cross_entropy
 from test_wide_dots import _data as linear_layer_data
 
 import bilevel as bl
-from bilevel import carry_layout, run, wide_dots
+from bilevel.drivers import run
+from bilevel.drivers._xla_cpu import carry_layout, wide_dots
 
 D, C, B = 256, 8, 16  # a narrow (D, C) weight matrix: C <= 16 columns, D >= 8 C, D C >= 2048
 

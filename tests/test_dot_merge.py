@@ -1,4 +1,4 @@
-"""bilevel.dot_merge (through wide_dots.keep_wide_dots): products that share an operand run as
+"""bilevel.drivers._xla_cpu.dot_merge (through wide_dots.keep_wide_dots): products that share an operand run as
 one, values unchanged; duplicates shared, dead code dropped; what must not merge does not."""
 
 import jax
@@ -8,7 +8,8 @@ import pytest
 from test_wide_dots import _cleaning_like_problem
 
 import bilevel as bl
-from bilevel import dot_merge, run, wide_dots
+from bilevel.drivers import run
+from bilevel.drivers._xla_cpu import dot_merge, wide_dots
 
 B, D, C = 32, 40, 3  # the batch (B, D) holds at least MIN_SHARED_RATIO times the weights' numbers
 

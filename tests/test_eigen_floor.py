@@ -1,4 +1,4 @@
-"""STABLE's Punder with a Cholesky certificate (``bilevel.solvers.eigen_floor``).
+"""STABLE's Punder with a Cholesky certificate (``bilevel.solvers.second_order.eigen_floor``).
 
 The projection onto {M >= floor I} is checked against its definition by eigendecomposition
 (numpy's ``eigh``) on both sides of the certificate (floor below lambda_min: no eigenvalue
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bilevel.solvers.eigen_floor import (
+from bilevel.solvers.second_order.eigen_floor import (
     floor_and_factor,
     floor_eigenvalues,
     smallest_eigenvalue,

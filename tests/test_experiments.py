@@ -123,7 +123,7 @@ def test_image_experiments_take_fashion_mnist_when_present(
     from test_data_idx import make_split
 
     from bilevel.data import idx as idx_module
-    from bilevel.experiments.datasets import mnist_or_substitute
+    from bilevel.data.standins import mnist_or_substitute
     from bilevel.experiments.pzobo_experiments import e5_data
     from bilevel.experiments.stable_hpo import load_panel
 

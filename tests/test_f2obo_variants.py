@@ -21,9 +21,9 @@ import pytest
 from online_helpers import play_rounds, round_draws
 
 import bilevel as bl
-from bilevel import sampling
-from bilevel.online.data import round_slice
-from bilevel.solvers.sf2obo import SF2OBO
+from bilevel.core import sampling
+from bilevel.core.streams import round_slice
+from bilevel.solvers.online.sf2obo import SF2OBO
 
 
 def _quad(**kw):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
-from bilevel.solvers.f2sa import F2SA_REGIMES, penalty_schedule
+from bilevel import oracles
+from bilevel.core import sampling
+from bilevel.solvers.penalty.f2sa import F2SA_REGIMES, penalty_schedule
 
 
 @pytest.fixture(scope="module")

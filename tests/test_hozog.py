@@ -22,9 +22,9 @@ from test_pzobo import (
 )
 
 import bilevel as bl
-from bilevel import sampling
-from bilevel.schedules import inverse_power
-from bilevel.solvers.pzobo import sample_directions
+from bilevel.core import sampling
+from bilevel.core.schedules import inverse_power
+from bilevel.solvers.zeroth_order.pzobo import sample_directions
 
 
 @pytest.fixture(scope="module")

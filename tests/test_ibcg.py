@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel.sampling import minibatches
+from bilevel.core.sampling import minibatches
 
 DX, DY = 10, 50
 

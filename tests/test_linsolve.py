@@ -1,4 +1,4 @@
-"""Tests of bilevel.linsolve against numpy and exact closed forms (float64 throughout).
+"""Tests of bilevel.core.linsolve against numpy and exact closed forms (float64 throughout).
 
 XLA compilation dominates the run time here, so the solvers are called through a few jitted
 wrappers that take H and the step sizes as *arguments* (one compilation is reused across
@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
-from bilevel.linsolve import cg, dense_solve, fixed_point, neumann  # noqa: E402
+from bilevel.core.linsolve import cg, dense_solve, fixed_point, neumann  # noqa: E402
 
 N = 30
 

@@ -15,7 +15,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from bilevel.meta.backbones import CNN4, BatchNorm, Conv2d, ResNet12, max_pool2
-from bilevel.solvers.pzobo import sample_directions
+from bilevel.solvers.zeroth_order.pzobo import sample_directions
 
 #: one compiled forward pass per model structure and input shape, shared by the tests
 forward = jax.jit(lambda model, images: model(images))

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from bilevel._tree import tree_vdot
+from bilevel.core.tree import tree_vdot
 from bilevel.meta.episodes import Episodes
 from bilevel.meta.heads import LinearHead, fit_head, head_loss, support_loss
 from bilevel.meta.pzobo import PZOBOMeta, code_outer_schedule, task_features
 from bilevel.meta.train import HISTORY_COLUMNS, mean_ci95, meta_train
 from bilevel.solvers.base import optimizer_transform
-from bilevel.solvers.pzobo import sample_directions
+from bilevel.solvers.zeroth_order.pzobo import sample_directions
 
 WAYS, SHOTS, QUERIES, TASKS = 3, 2, 2, 3
 IMAGE = (1, 2, 2)  # C, H, W: 4 pixels

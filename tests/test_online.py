@@ -116,7 +116,7 @@ def test_stochastic_round_shares_the_inner_sample_of_the_z_and_y_steps():
     """With batch_size, round t draws from round t's samples in Algorithm 3's layout: inner
     step k uses one inner batch zeta_k for both the z and the y step and an outer batch xi_k;
     the hypergradient a fresh xi_K and one zeta_K in both g terms. The replica rebuilds the
-    draws from the state's key with bilevel.sampling.minibatches on round t's slice."""
+    draws from the state's key with bilevel.core.sampling.minibatches on round t's slice."""
     problem = _quad(stochastic=True, n_samples=20, drift_inner=0.3, drift_outer=0.3)
     K, alpha, lam1, tau, gamma = 2, 0.3, 5.0, 1.0, 0.2
     solver = bl.solvers.make(

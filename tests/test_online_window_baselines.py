@@ -17,7 +17,7 @@ import pytest
 from online_helpers import play_rounds
 
 import bilevel as bl
-from bilevel.solvers.online_window import Window, lag_weights
+from bilevel.solvers.online.window import Window, lag_weights
 
 ROUNDS = 7
 

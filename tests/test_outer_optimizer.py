@@ -6,7 +6,7 @@ import optax
 import pytest
 
 import bilevel as bl
-from bilevel.run import _signature
+from bilevel.drivers.run import _signature
 
 
 @pytest.fixture(scope="module")

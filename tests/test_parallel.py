@@ -1,4 +1,4 @@
-"""Data parallelism: ``bl.solve(devices=k)`` / ``mesh=`` (bilevel.parallel, docs/distributed.md).
+"""Data parallelism: ``bl.solve(devices=k)`` / ``mesh=`` (bilevel.core.sharding, docs/distributed.md).
 
 A sharded run splits every minibatch over the devices and lets XLA all-reduce the batch means,
 so it must reproduce the one-device run up to floating-point summation order. Several devices
@@ -25,7 +25,7 @@ import pytest
 from jax.sharding import Mesh
 
 import bilevel as bl
-from bilevel import parallel
+from bilevel.core import sharding as parallel
 
 RTOL, ATOL = 1e-10, 1e-12
 

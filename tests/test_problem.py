@@ -146,7 +146,7 @@ def test_solver_without_x_set_support_refuses_a_constrained_problem():
     import dataclasses
     from typing import ClassVar
 
-    from bilevel.solvers.baselines.stocbio import StocBiO
+    from bilevel.solvers.hypergradient.stocbio import StocBiO
 
     @dataclasses.dataclass(frozen=True)
     class Unconstrained(StocBiO):  # a solver that cannot honour x_set

@@ -20,9 +20,9 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import bilevel as bl
-from bilevel import sampling
-from bilevel.schedules import inverse_power
-from bilevel.solvers.pzobo import sample_directions
+from bilevel.core import sampling
+from bilevel.core.schedules import inverse_power
+from bilevel.solvers.zeroth_order.pzobo import sample_directions
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +394,7 @@ def test_pzobo_s_is_pzobo_on_deterministic_problems(quad):
     """PZOBO-S changes only defaults: without data it runs the same Algorithm 1 (so PZOBO's
     Done-means on the deterministic quadratic covers it), and "auto" differs: 1/L (Thm 1) vs
     2/(L + mu_g) (Thm 2); here L = max(L_f, L_g) = max(1, 10)."""
-    from bilevel.solvers.pzobo import PZOBO, PZOBOS
+    from bilevel.solvers.zeroth_order.pzobo import PZOBO, PZOBOS
 
     for method in ("step", "coefficients", "hypergradient", "inner_path", "_coefficient"):
         assert getattr(PZOBOS, method) is getattr(PZOBO, method), method
@@ -410,7 +410,7 @@ def test_auto_inner_step_uses_the_larger_of_L_f_and_L_g(quad):
     loss scaled by 25, d2f/dy2 = 25 I, so L = L_f = 25 > L_g = 10: "auto" is 1/25 for PZOBO and
     2/(25 + mu_g) = 2/26 for PZOBO-S (it was 1/10 and 2/11). A nonconvex f counts its most
     negative curvature (the spectral norm). Lanczos is exact on these spectra (rel 1e-9)."""
-    from bilevel.diagnose import outer_smoothness
+    from bilevel.analysis.diagnose import outer_smoothness
 
     sharp = quad.replace(outer=lambda x, y, b: 25.0 * quad.outer(x, y, b))
     assert bl.solvers.make("pzobo").resolve(sharp).lr_inner == pytest.approx(1 / 25, rel=1e-9)

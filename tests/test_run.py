@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel.run import _CHECKPOINT_FILE
+from bilevel.drivers.run import _CHECKPOINT_FILE
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ CHILD = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)
     import bilevel as bl
-    import bilevel.run as run
+    import bilevel.drivers.run as run
 
     save = run._save_checkpoint
     def slow_save(*args, **kwargs):   # slow the run down so the parent can kill it mid-way
@@ -245,7 +245,7 @@ def test_random_initialisation_per_seed(quad_sto):
 def test_the_compiled_program_cache_is_bounded(monkeypatch):
     """At most MAX_COMPILED programs stay alive (each holds memory mappings; an unbounded
     cache crashed a long process inside LLVM), least recently used dropped first."""
-    from bilevel import run
+    from bilevel.drivers import run
 
     monkeypatch.setattr(run, "MAX_COMPILED", 2)
     run._COMPILED.clear()

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-import bilevel.run as run
-from bilevel.progress import Progress, format_duration, format_rate
-from bilevel.run import _CHECKPOINT_FILE
+import bilevel.drivers.run as run
+from bilevel.drivers.progress import Progress, format_duration, format_rate
+from bilevel.drivers.run import _CHECKPOINT_FILE
 
 
 @pytest.fixture(scope="module")

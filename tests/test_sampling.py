@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bilevel import sampling
+from bilevel.core import sampling
 
 
 def test_uniform_indices_chi_square():

@@ -16,7 +16,7 @@ import pytest
 from test_ibcg import DX, DY, np_project_simplex, simplex_problem  # noqa: F401
 
 import bilevel as bl
-from bilevel.solvers.baselines.sbfw import ETA_1, sbfw_weights
+from bilevel.solvers.frank_wolfe.sbfw import ETA_1, sbfw_weights
 
 
 @pytest.fixture(scope="module")

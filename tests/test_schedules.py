@@ -1,4 +1,4 @@
-"""One step-size dialect: :func:`bilevel.schedules.step_size` on floats, on the papers' regimes,
+"""One step-size dialect: :func:`bilevel.core.schedules.step_size` on floats, on the papers' regimes,
 on Python and optax schedules (under jit, with the int32 count), and end to end in solvers."""
 
 import jax
@@ -8,10 +8,10 @@ import optax
 import pytest
 
 import bilevel as bl
-from bilevel.schedules import as_schedule, constant, inverse_power, step_size
-from bilevel.solvers.baselines.bsa import BSA_REGIMES
-from bilevel.solvers.baselines.ttsa import TTSA_REGIMES
-from bilevel.solvers.f2sa import F2SA_REGIMES
+from bilevel.core.schedules import as_schedule, constant, inverse_power, step_size
+from bilevel.solvers.hypergradient.bsa import BSA_REGIMES
+from bilevel.solvers.hypergradient.ttsa import TTSA_REGIMES
+from bilevel.solvers.penalty.f2sa import F2SA_REGIMES
 
 FLOAT = jnp.result_type(float)  # float64: conftest turns x64 on
 

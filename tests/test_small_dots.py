@@ -1,4 +1,4 @@
-"""bilevel.small_dots (through wide_dots.keep_wide_dots): small products as multiply-reduce.
+"""bilevel.drivers._xla_cpu.small_dots (through wide_dots.keep_wide_dots): small products as multiply-reduce.
 
 The rewrite must give ``dot_general``'s values for every layout of its axes (batch, free and
 contracted, in any order), pick the products it says it picks, and leave a whole vmapped run
@@ -12,7 +12,8 @@ import pytest
 from jax import lax
 
 import bilevel as bl
-from bilevel import run, small_dots, wide_dots
+from bilevel.drivers import run
+from bilevel.drivers._xla_cpu import small_dots, wide_dots
 
 #: (lhs shape, rhs shape, dimension numbers): matrix-vector, vector-matrix, matrix-matrix with
 #: each operand contracted on either axis, batched on leading and trailing axes, two

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
+from bilevel import oracles
+from bilevel.core import sampling
 
 
 @pytest.fixture(scope="module")

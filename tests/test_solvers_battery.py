@@ -179,7 +179,7 @@ def test_records_the_norm_of_its_hypergradient_estimate(name, quad):
     gap <F, x_0 - s_0> = R ||F|| must be R times the recorded norm."""
     from jax.flatten_util import ravel_pytree
 
-    from bilevel.schedules import as_schedule
+    from bilevel.core.schedules import as_schedule
 
     quad = problem_for(name, quad)
     solver = bl.solvers.make(name, **dict(settings(name), outer_optimizer="sgd"))

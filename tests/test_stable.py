@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
-from bilevel.solvers.stable import (
+from bilevel import oracles
+from bilevel.core import sampling
+from bilevel.solvers.second_order.stable import (
     DENSE_DIM_LIMIT,
     DenseHessianWarning,
     clip_frobenius,
@@ -267,7 +268,7 @@ def test_auto_floor_keeps_the_previous_one_when_a_sample_is_singular():
 @pytest.mark.parametrize("mu_g", [0.5, "auto"])
 def test_one_eigendecomposition_per_step(mu_g):
     """The step has exactly one ``eigh`` (in the branch where the floor binds, see
-    ``bilevel.solvers.eigen_floor``), also under mu_g="auto", whose floor takes the end
+    ``bilevel.solvers.second_order.eigen_floor``), also under mu_g="auto", whose floor takes the end
     eigenvalues of h_yy by tridiagonal bisection. Two independent eigendecompositions in one
     program deadlocked jaxlib 0.10.2's CPU thread pool under vmap (8 seeds of the stable-hpo
     problem on 2 cores hung in LAPACK, measured)."""

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
-from bilevel.schedules import inverse_power
+from bilevel import oracles
+from bilevel.core import sampling
+from bilevel.core.schedules import inverse_power
 
 
 @pytest.fixture(scope="module")

@@ -115,7 +115,7 @@ def test_chunked_sweep_equals_one_program(problem, swept):
 def test_batches_split_evenly_over_the_devices(n_points, max_batch, devices, expected):
     """Every batch has one size (one compilation) that the devices divide, at most max_batch
     rounded up to a multiple of them, and covers every point; padding repeats the last."""
-    from bilevel.sweep import _batches
+    from bilevel.drivers.sweep import _batches
 
     assert _batches(n_points, max_batch, devices) == expected
 
@@ -188,7 +188,7 @@ def test_a_step_whose_key_depends_on_a_swept_value_gets_a_clear_error(problem):
 
     import jax
 
-    from bilevel.solvers.baselines.stocbio import StocBiO
+    from bilevel.solvers.hypergradient.stocbio import StocBiO
 
     @dataclasses.dataclass(frozen=True)
     class KeyedByStep(StocBiO):

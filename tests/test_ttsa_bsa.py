@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import oracles, sampling
-from bilevel.solvers.implicit import RandomNeumann
+from bilevel import oracles
+from bilevel.core import sampling
+from bilevel.solvers.hypergradient.implicit import RandomNeumann
 
 
 @pytest.fixture(scope="module")

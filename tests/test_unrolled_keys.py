@@ -1,4 +1,4 @@
-"""``bilevel.unrolled_keys``: Threefry key splits and random bits written out as fused kernels.
+"""``bilevel.drivers._xla_cpu.unrolled_keys``: Threefry key splits and random bits written out as fused kernels.
 
 Exact answers: the hash against the Threefry-2x32 known-answer vector of Salmon et al.'s Random123
 (20 rounds, key and counter 0), every split and draw of bits bit for bit against
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import unrolled_keys, wide_dots
+from bilevel.drivers._xla_cpu import unrolled_keys, wide_dots
 
 
 def test_threefry_known_answer():

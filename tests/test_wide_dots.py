@@ -1,4 +1,4 @@
-"""bilevel.wide_dots: the barrier after wide, transposed products (values unchanged, barrier
+"""bilevel.drivers._xla_cpu.wide_dots: the barrier after wide, transposed products (values unchanged, barrier
 where it belongs, every higher-order primitive rewritten, solve uses it on CPU)."""
 
 import jax
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel import run, wide_dots
+from bilevel.drivers import run
+from bilevel.drivers._xla_cpu import wide_dots
 
 D, C, B = 48, 3, 16  # a linear layer with few outputs: its weight gradient is a wide product
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bilevel as bl
-from bilevel.experiments.datasets import mnist_or_substitute
+from bilevel.data.standins import mnist_or_substitute
 from bilevel.experiments.f2sa_hypercleaning import FULL, build, fit_sizes
 from bilevel.problems.hyper_cleaning import retrain, train_without_bilevel
 

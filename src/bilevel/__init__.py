@@ -15,13 +15,23 @@ played by an online solver (``bl.solvers.names("online")``) with ``bl.solve_onli
 ``docs/online.md``.
 """
 
-from . import metrics, oracles, problems, sets, solvers
-from .diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
-from .online.problem import OnlineProblem
-from .online.run import OnlineResult, solve_online
-from .problem import BilevelProblem, ProblemKindError
-from .run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
-from .sweep import sweep
+import sys as _sys
+
+from bilevel import problems, solvers
+from bilevel.analysis import metrics
+from bilevel.analysis.diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
+from bilevel.core import oracles, sets
+from bilevel.core.online_problem import OnlineProblem
+from bilevel.core.problem import BilevelProblem, ProblemKindError
+from bilevel.drivers.online import OnlineResult, solve_online
+from bilevel.drivers.run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
+from bilevel.drivers.sweep import sweep
+
+# The public modules keep their import paths (``import bilevel.sets``, ``from bilevel.metrics
+# import hypergradient``): they live in their layers (core/, analysis/) and are published here.
+for _module in (metrics, oracles, sets):
+    _sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module
 
 __version__ = "0.1.0"
 

@@ -73,7 +73,7 @@ def _bad_input_as_message(flags: bool = False):
     """Bad input (ValueError/TypeError from the library, a missing dataset) ends with one line
     ``error: ...`` and exit code 2, not a traceback; ``flags`` rewrites argument names as the
     command's flags."""
-    from .data import DatasetNotFoundError
+    from bilevel.data import DatasetNotFoundError
 
     try:
         yield
@@ -205,7 +205,7 @@ def run(
 
 def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = False) -> None:
     """history.csv / .parquet, history.png (one panel per headline metric) and summary.json."""
-    from .report import plot_run
+    from bilevel.experiments.report import plot_run
 
     res.history.to_csv(out / "history.csv", index=False)
     res.history.to_parquet(out / "history.parquet", index=False)
@@ -302,8 +302,8 @@ def sweep(
 
 def _write_sweep_outputs(df, fields: list[str], title: str, out: Path) -> None:
     """sweep.csv, sweep.png (1 or 2 fields) and the best setting per metric on stdout."""
-    from .report import plot_sweep
-    from .sweep import final_means
+    from bilevel.drivers.sweep import final_means
+    from bilevel.experiments.report import plot_sweep
 
     df.to_csv(out / "sweep.csv", index=False)
     final = final_means(df, fields)
@@ -334,7 +334,7 @@ def reproduce(
     seeds: int = typer.Option(None, help="seeds per method (default: the experiment's)"),
 ) -> None:
     """Reproduce a paper's experiment: figures (PNG), curves (CSV) and claims.md."""
-    from . import experiments
+    from bilevel import experiments
 
     if list_ or name is None:
         for exp_name in experiments.names():

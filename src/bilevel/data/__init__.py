@@ -21,9 +21,9 @@ dependency, not of the machine, and stays available.
 
 from __future__ import annotations
 
-from ._paths import DATA_ENV_VAR, IGNORE_SYSTEM_ENV_VAR, system_data_ignored
-from .errors import DataFormatError, DatasetNotFoundError
-from .idx import (
+from bilevel.data._paths import DATA_ENV_VAR, IGNORE_SYSTEM_ENV_VAR, system_data_ignored
+from bilevel.data.errors import DataFormatError, DatasetNotFoundError
+from bilevel.data.idx import (
     FASHION_MNIST_CLASSES,
     FASHION_MNIST_SYSTEM_DIR,
     load_fashion_mnist,
@@ -31,8 +31,13 @@ from .idx import (
     load_mnist_like,
     read_idx,
 )
-from .libsvm import LIBSVM_DATASETS, load_libsvm_dataset, read_libsvm, read_libsvm_entries
-from .miniimagenet import (
+from bilevel.data.libsvm import (
+    LIBSVM_DATASETS,
+    load_libsvm_dataset,
+    read_libsvm,
+    read_libsvm_entries,
+)
+from bilevel.data.miniimagenet import (
     MINIIMAGENET_SPLITS,
     TRUST_PICKLE_ENV_VAR,
     MiniImageNetSplit,
@@ -41,10 +46,15 @@ from .miniimagenet import (
     load_miniimagenet,
     pickle_trusted_by_env,
 )
-from .newsgroups import Newsgroups, load_news20_libsvm, load_newsgroups
-from .sklearn_sets import SKLEARN_DATASETS, load_20newsgroups, load_sklearn
-from .splits import binary_from_multiclass, corrupt_labels, one_hot, train_val_test_split
-from .synthetic import downsample_images, standardize
+from bilevel.data.newsgroups import Newsgroups, load_news20_libsvm, load_newsgroups
+from bilevel.data.sklearn_sets import SKLEARN_DATASETS, load_20newsgroups, load_sklearn
+from bilevel.data.splits import (
+    binary_from_multiclass,
+    corrupt_labels,
+    one_hot,
+    train_val_test_split,
+)
+from bilevel.data.synthetic import downsample_images, standardize
 
 __all__ = [
     "DATA_ENV_VAR",

@@ -35,8 +35,8 @@ from typing import Literal
 
 import numpy as np
 
-from ._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
-from .errors import DataFormatError, DatasetNotFoundError
+from bilevel.data._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
+from bilevel.data.errors import DataFormatError, DatasetNotFoundError
 
 __all__ = [
     "FASHION_MNIST_CLASSES",

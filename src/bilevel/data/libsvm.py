@@ -31,8 +31,8 @@ from typing import IO, Literal
 
 import numpy as np
 
-from ._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
-from .errors import DataFormatError, DatasetNotFoundError
+from bilevel.data._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
+from bilevel.data.errors import DataFormatError, DatasetNotFoundError
 
 __all__ = ["LIBSVM_DATASETS", "load_libsvm_dataset", "read_libsvm", "read_libsvm_entries"]
 

@@ -29,8 +29,14 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from ._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, env_flag, find_first
-from .errors import DataFormatError, DatasetNotFoundError
+from bilevel.data._paths import (
+    DATA_ENV_VAR,
+    candidate_dirs,
+    describe_searched,
+    env_flag,
+    find_first,
+)
+from bilevel.data.errors import DataFormatError, DatasetNotFoundError
 
 __all__ = [
     "MINIIMAGENET_SPLITS",

@@ -29,9 +29,10 @@ from typing import Literal
 
 import numpy as np
 
-from ._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
-from .errors import DataFormatError, DatasetNotFoundError
-from .libsvm import read_libsvm_entries
+from bilevel.data._paths import DATA_ENV_VAR, candidate_dirs, describe_searched, find_first
+from bilevel.data.columns import frequent_columns
+from bilevel.data.errors import DataFormatError, DatasetNotFoundError
+from bilevel.data.libsvm import read_libsvm_entries
 
 __all__ = [
     "NEWS20_LIBSVM_FILES",
@@ -70,16 +71,6 @@ class Newsgroups:
     y_test: np.ndarray
     source: str
     description: str
-
-
-def frequent_columns(X_train, n_features: int) -> np.ndarray:
-    """The (sorted) indices of the ``n_features`` columns of a sparse ``X_train`` with the
-    highest document frequency (rows with a non-zero entry); ties keep column order, so the
-    choice is deterministic."""
-    train = X_train.tocsr(copy=True)
-    train.eliminate_zeros()
-    doc_freq = np.bincount(train.indices, minlength=train.shape[1])
-    return np.sort(np.argsort(-doc_freq, kind="stable")[:n_features])
 
 
 def load_news20_libsvm(
@@ -135,7 +126,7 @@ def load_news20_libsvm(
 def _from_sklearn(path, n_features, normalize) -> Newsgroups:
     from sklearn import datasets
 
-    from .sklearn_sets import load_20newsgroups
+    from bilevel.data.sklearn_sets import load_20newsgroups
 
     where = Path(path).expanduser() if path is not None else Path(datasets.get_data_home())
     try:

@@ -15,8 +15,8 @@ from typing import Literal
 
 import numpy as np
 
-from ._paths import IGNORE_SYSTEM_ENV_VAR, system_data_ignored
-from .errors import DatasetNotFoundError
+from bilevel.data._paths import IGNORE_SYSTEM_ENV_VAR, system_data_ignored
+from bilevel.data.errors import DatasetNotFoundError
 
 __all__ = ["SKLEARN_DATASETS", "load_20newsgroups", "load_sklearn"]
 
@@ -145,7 +145,7 @@ def load_20newsgroups(
     X = bunch.data.tocsr()
     y = np.asarray(bunch.target, dtype=np.int32)
     if n_features is not None and n_features < X.shape[1]:
-        from .newsgroups import frequent_columns
+        from bilevel.data.columns import frequent_columns
 
         train = X if subset == "train" else fetch("train").data.tocsr()
         X = X[:, frequent_columns(train, n_features)]

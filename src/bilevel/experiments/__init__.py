@@ -14,7 +14,7 @@ import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
-from .common import Claim, ExperimentOutput, Method
+from bilevel.experiments.common import Claim, ExperimentOutput, Method
 
 __all__ = ["Experiment", "register", "names", "get", "run", "Claim", "Method", "ExperimentOutput"]
 

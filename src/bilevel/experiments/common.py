@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..problem import BilevelProblem
-from ..report import plot_history
-from ..run import DivergenceWarning, solve
-from ..solvers import make
-from ..sweep import final_means, sweep
+from bilevel.core.problem import BilevelProblem
+from bilevel.drivers.run import DivergenceWarning, solve
+from bilevel.drivers.sweep import final_means, sweep
+from bilevel.experiments.report import plot_history
+from bilevel.solvers import make
 
 __all__ = [
     "Method",
@@ -91,7 +91,7 @@ def run_methods(
     """Run every method on ``problem`` with ``seeds`` vmapped seeds; histories by label.
 
     A method that diverges keeps the history it made (the warning is turned into a log line).
-    ``results``, when given, receives each method's :class:`bilevel.run.Result` by label (its
+    ``results``, when given, receives each method's :class:`bilevel.drivers.run.Result` by label (its
     final iterates, for evaluations the history does not hold).
     """
     out = {}

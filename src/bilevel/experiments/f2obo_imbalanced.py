@@ -34,19 +34,18 @@ import numpy as np
 import pandas as pd
 
 import bilevel as bl
-
-from .. import metrics as _metrics
-from ..problems.imbalanced_stream import (
+from bilevel.analysis import metrics as _metrics
+from bilevel.data.standins import mnist_or_substitute
+from bilevel.experiments import register
+from bilevel.experiments.common import Claim, write_outputs
+from bilevel.problems.imbalanced_stream import (
     PAPER_RHOS,
     balanced_accuracy,
     cnn4,
     imbalanced_stream,
     init_cnn4,
 )
-from ..problems.models import softmax_cross_entropy
-from . import register
-from .common import Claim, write_outputs
-from .datasets import mnist_or_substitute
+from bilevel.problems.models import softmax_cross_entropy
 
 #: every method of the paper's list: (label, solver name, hyperparameters); ``cap`` is
 #: replaced by the run's cap on the adaptive loops.
@@ -355,7 +354,7 @@ def plot_figure(histories: dict[str, pd.DataFrame], path: Path, quick: bool) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report import _save
+    from bilevel.experiments.report import _save
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     panels = (

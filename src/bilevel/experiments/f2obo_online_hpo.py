@@ -28,14 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from .. import data
-from .. import solvers as _solvers
-from ..online.run import solve_online
-from ..problems import models as M
-from ..problems.online_hpo import PAPER_NOISE, OnlineHPOStream
-from . import register
-from .common import Claim, write_outputs
-from .datasets import why_no_system_data
+from bilevel import data
+from bilevel import solvers as _solvers
+from bilevel.data.standins import why_no_system_data
+from bilevel.drivers.online import solve_online
+from bilevel.experiments import register
+from bilevel.experiments.common import Claim, write_outputs
+from bilevel.problems import models as M
+from bilevel.problems.online_hpo import PAPER_NOISE, OnlineHPOStream
 
 NAME = "f2obo-online-hpo"
 #: the paper's rounds (10,000) with its batch (256 per level and round). Fashion-MNIST, the

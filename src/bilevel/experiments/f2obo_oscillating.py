@@ -26,9 +26,8 @@ import numpy as np
 import pandas as pd
 
 import bilevel as bl
-
-from . import register
-from .common import Claim, write_outputs
+from bilevel.experiments import register
+from bilevel.experiments.common import Claim, write_outputs
 
 #: (label, solver, hyperparameters): AF2OBO with Theorem 4.1's thresholds against fixed K
 METHODS = (
@@ -260,7 +259,7 @@ def plot_scaling(table: pd.DataFrame, fits: dict, path: Path, quick: bool) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report import _save
+    from bilevel.experiments.report import _save
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, g in table.groupby("method", sort=False):

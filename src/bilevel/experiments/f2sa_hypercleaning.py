@@ -16,11 +16,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import data
-from ..problems.hyper_cleaning import hyper_cleaning, retrain, train_without_bilevel
-from . import register
-from .common import Claim, Method, final_mean, grid_search, run_methods, write_outputs
-from .datasets import mnist_or_substitute
+from bilevel import data
+from bilevel.data.standins import mnist_or_substitute
+from bilevel.experiments import register
+from bilevel.experiments.common import (
+    Claim,
+    Method,
+    final_mean,
+    grid_search,
+    run_methods,
+    write_outputs,
+)
+from bilevel.problems.hyper_cleaning import hyper_cleaning, retrain, train_without_bilevel
 
 FULL = dict(
     n_train=19000,

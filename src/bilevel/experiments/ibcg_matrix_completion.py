@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..problems.matrix_completion import matrix_completion
-from . import register
-from .common import (
+from bilevel.experiments import register
+from bilevel.experiments.common import (
     Claim,
     Method,
     grid_search,
@@ -33,6 +32,7 @@ from .common import (
     value_within,
     write_outputs,
 )
+from bilevel.problems.matrix_completion import matrix_completion
 
 FULL = dict(
     n=250,

@@ -30,11 +30,10 @@ import numpy as np
 import pandas as pd
 
 import bilevel as bl
-
-from ..report import _save, mean_std
-from ..solvers.ibcg import ADJOINT_FRACTION
-from . import register
-from .common import Claim, Method, final_mean, run_methods, write_outputs
+from bilevel.experiments import register
+from bilevel.experiments.common import Claim, Method, final_mean, run_methods, write_outputs
+from bilevel.experiments.report import _save, mean_std
+from bilevel.solvers.frank_wolfe.ibcg import ADJOINT_FRACTION
 
 #: IBCG with its defaults and the convex rule (the same curve settings at both mu_g)
 IBCG = ("IBCG", "ibcg", {"gamma_rule": "convex"})

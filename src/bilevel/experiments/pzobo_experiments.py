@@ -24,15 +24,9 @@ import jax
 import numpy as np
 import pandas as pd
 
-from .. import data
-from ..problems.hyper_representation import (
-    deep_hyper_representation,
-    hyper_representation,
-    synthetic_hyperrep_data,
-)
-from ..problems.l2_hpo import l2_hpo_linear
-from . import register
-from .common import (
+from bilevel import data
+from bilevel.experiments import register
+from bilevel.experiments.common import (
     Claim,
     Method,
     final_mean,
@@ -41,6 +35,12 @@ from .common import (
     time_to_reach,
     write_outputs,
 )
+from bilevel.problems.hyper_representation import (
+    deep_hyper_representation,
+    hyper_representation,
+    synthetic_hyperrep_data,
+)
+from bilevel.problems.l2_hpo import l2_hpo_linear
 
 # ---- E1 ----------------------------------------------------------------------------------------
 #: notebook values, loss at the last iteration (spec pzobo.md E1 table)
@@ -61,8 +61,8 @@ def with_unrolled_loss(problem, inner_steps: int, lr_inner: float, *, grad_norm:
     unrolled objective (autodiff through the N steps), the hypergradient every method of the
     notebook estimates (E2 panel (e)).
     """
-    from .. import oracles
-    from .._tree import tree_axpy, tree_norm
+    from bilevel.core import oracles
+    from bilevel.core.tree import tree_axpy, tree_norm
 
     base, f, g, y0 = problem.metrics, problem.outer, problem.inner, problem.y0
 
@@ -392,7 +392,7 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
 # ---- E3 ----------------------------------------------------------------------------------------
 def e3_problem(quick: bool, log=print):
     """E3's problem (LeNet-5 features on (Fashion-)MNIST) and the data note."""
-    from .datasets import mnist_or_substitute
+    from bilevel.data.standins import mnist_or_substitute
 
     loaded = mnist_or_substitute(log)
     img_tr, lab_tr, img_te, lab_te = loaded.arrays()
@@ -581,7 +581,7 @@ def e5_data(quick: bool, log=print) -> tuple[np.ndarray, np.ndarray, int, str]:
         return np.asarray(X.todense(), np.float64), y, 20, note
     except data.DatasetNotFoundError as err:
         log(f"20 Newsgroups not available; using an image stand-in. {err}")
-    from .datasets import mnist_or_substitute
+    from bilevel.data.standins import mnist_or_substitute
 
     loaded = mnist_or_substitute(log)
     images, labels = loaded.train_images, loaded.train_labels

@@ -25,13 +25,13 @@ from typing import NamedTuple
 import jax
 import pandas as pd
 
-from ..meta import registry
-from ..meta.backbones import CNN4, ResNet12
-from ..meta.datasets import few_shot_data
-from ..meta.episodes import EpisodeSampler
-from ..meta.train import meta_train
-from . import register
-from .common import Claim, write_outputs
+from bilevel.experiments import register
+from bilevel.experiments.common import Claim, write_outputs
+from bilevel.meta import registry
+from bilevel.meta.backbones import CNN4, ResNet12
+from bilevel.meta.datasets import few_shot_data
+from bilevel.meta.episodes import EpisodeSampler
+from bilevel.meta.train import meta_train
 
 __all__ = [
     "MetaMethod",

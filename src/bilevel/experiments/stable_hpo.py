@@ -26,10 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from .. import data
-from ..problems.l2_hpo import l2_hpo_logistic
-from . import register
-from .common import (
+from bilevel import data
+from bilevel.data.standins import why_no_system_data
+from bilevel.experiments import register
+from bilevel.experiments.common import (
     Claim,
     Method,
     final_mean,
@@ -38,7 +38,7 @@ from .common import (
     value_within,
     write_outputs,
 )
-from .datasets import why_no_system_data
+from bilevel.problems.l2_hpo import l2_hpo_logistic
 
 GRID_VALUES = [1.0, 0.5, 0.1, 0.05, 0.01]
 FULL = dict(

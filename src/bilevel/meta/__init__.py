@@ -15,9 +15,9 @@ regulariser (paper eq. 9). The package holds the pieces of that setting:
 Spec: ``shared/specs/pzobo.md`` sections 3.3-3.5 and E4.
 """
 
-from .episodes import Episodes, EpisodeSampler, FewShotSplit
-from .registry import make, names
-from .train import MetaTrace, mean_ci95, meta_train
+from bilevel.meta.episodes import Episodes, EpisodeSampler, FewShotSplit
+from bilevel.meta.registry import make, names
+from bilevel.meta.train import MetaTrace, mean_ci95, meta_train
 
 __all__ = [
     "Episodes",

@@ -5,7 +5,7 @@ images ``(n, C, H, W)`` (float, NCHW as PyTorch's) to features ``(n, feature_dim
 task fits a linear head (:mod:`bilevel.meta.heads`). Both models are pure pytrees whose only leaves
 are float arrays (convolution kernels and biases, BatchNorm scales and shifts); every other
 attribute is a static field. So ``jax.tree.map``, ``jax.flatten_util.ravel_pytree``,
-``jax.grad`` and :func:`bilevel.solvers.pzobo.sample_directions` work on a whole model, and
+``jax.grad`` and :func:`bilevel.solvers.zeroth_order.pzobo.sample_directions` work on a whole model, and
 ``phi + mu * u`` is ``jax.tree.map(lambda a, b: a + mu * b, model, u)``.
 
 * :class:`CNN4`: 4 x [conv3x3 pad 1 -> ReLU -> maxpool 2 -> BatchNorm], then flatten; the

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..schedules import check_step_size
+from bilevel.core.schedules import check_step_size
 
 __all__ = [
     "adapt",
@@ -117,7 +117,7 @@ def check_count(label: str, value, minimum: int = 1) -> None:
 
 def check_learning_rate(label: str, value, schedule_ok: bool = True) -> None:
     """Raise a ValueError unless ``value`` is a positive finite float, or (``schedule_ok``) a
-    schedule ``k -> rate`` (a callable, as :mod:`bilevel.schedules` and optax take)."""
+    schedule ``k -> rate`` (a callable, as :mod:`bilevel.core.schedules` and optax take)."""
     if callable(value):
         if not schedule_ok:
             raise ValueError(f"{label} must be a positive float, not a schedule.")

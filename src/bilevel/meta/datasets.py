@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import data
-from ..experiments.datasets import why_no_system_data
-from .episodes import FewShotSplit, normalize_splits, split_by_classes
+from bilevel import data
+from bilevel.data.standins import why_no_system_data
+from bilevel.meta.episodes import FewShotSplit, normalize_splits, split_by_classes
 
 __all__ = [
     "FewShotData",

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..problems.models import accuracy, softmax_cross_entropy
+from bilevel.problems.models import accuracy, softmax_cross_entropy
 
 __all__ = [
     "LOSSES",

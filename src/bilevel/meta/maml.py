@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .common import (
+from bilevel.meta.common import (
     adapt,
     check_backbone,
     check_count,
@@ -63,7 +63,7 @@ from .common import (
     per_task,
     task_mean,
 )
-from .heads import LinearHead, head_logits, head_loss, zeros_head
+from bilevel.meta.heads import LinearHead, head_logits, head_loss, zeros_head
 
 __all__ = ["MAML", "ANIL", "MetaParams", "MAMLState"]
 

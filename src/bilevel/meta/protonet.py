@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..problems.models import softmax_cross_entropy
-from .common import (
+from bilevel.meta.common import (
     check_backbone,
     check_count,
     check_learning_rate,
@@ -37,6 +36,7 @@ from .common import (
     per_task,
     task_mean,
 )
+from bilevel.problems.models import softmax_cross_entropy
 
 __all__ = ["ProtoNet", "ProtoNetState", "prototypes", "prototype_logits"]
 

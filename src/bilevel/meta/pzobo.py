@@ -28,7 +28,7 @@ choice as an alternative:
 * ``inner_optimizer`` "momentum" (PyTorch's SGD momentum 0.9, the code; "gd" is Algorithm 1);
 * ``directions`` "sphere_unscaled_per_tensor" (the code: every tensor of phi normalised to unit
   norm, no rescaling; "gaussian" is the paper's eq. 4, "sphere_scaled" the unbiased sphere
-  smoothing; see :func:`bilevel.solvers.pzobo.sample_directions`);
+  smoothing; see :func:`bilevel.solvers.zeroth_order.pzobo.sample_directions`);
 * ``warm_start`` True (the code: w0 <- mean of the adapted heads after each step, zeros at first;
   False keeps w0 = 0 at every step, Algorithm 1 line 2);
 * outer optimiser Adam, ``lr_outer`` 0.01 (Appendix B.4); :func:`code_outer_schedule` gives the
@@ -48,12 +48,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .._tree import tree_axpy, tree_sub, tree_vdot
-from ..schedules import check_step_size, step_size
-from ..solvers.base import OUTER_OPTIMIZERS, check_optimizer, optimizer_transform
-from ..solvers.pzobo import DIRECTIONS, INNER_OPTIMIZERS, combine_directions, sample_directions
-from .common import check_backbone, check_count, feature_dim, feature_dtype
-from .heads import LOSSES, LinearHead, fit_head, head_logits, head_loss, zeros_head
+from bilevel.core.schedules import check_step_size, step_size
+from bilevel.core.tree import tree_axpy, tree_sub, tree_vdot
+from bilevel.meta.common import check_backbone, check_count, feature_dim, feature_dtype
+from bilevel.meta.heads import LOSSES, LinearHead, fit_head, head_logits, head_loss, zeros_head
+from bilevel.solvers.base import OUTER_OPTIMIZERS, check_optimizer, optimizer_transform
+from bilevel.solvers.zeroth_order.pzobo import (
+    DIRECTIONS,
+    INNER_OPTIMIZERS,
+    combine_directions,
+    sample_directions,
+)
 
 PyTree = Any
 
@@ -133,7 +138,7 @@ class PZOBOMeta:
         smoothing: mu (default 0.1: Appendix B.4).
         num_directions: Q (default 1: "fixed to 1 in all our experiments", Appendix B).
         directions: "sphere_unscaled_per_tensor" (default, the code), "gaussian" (eq. 4) or
-            "sphere_scaled" (:func:`bilevel.solvers.pzobo.sample_directions`).
+            "sphere_scaled" (:func:`bilevel.solvers.zeroth_order.pzobo.sample_directions`).
         parallel_directions: run the Q perturbed solves at once with ``vmap`` (default) or one
             after another with ``lax.map`` (memory of one backbone pass).
         warm_start: w0 <- mean of the tasks' adapted heads after every step (default True, the

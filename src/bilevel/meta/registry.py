@@ -13,10 +13,10 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from ..solvers.registry import check_hyperparameters
-from .maml import ANIL, MAML
-from .protonet import ProtoNet
-from .pzobo import PZOBOMeta
+from bilevel.meta.maml import ANIL, MAML
+from bilevel.meta.protonet import ProtoNet
+from bilevel.meta.pzobo import PZOBOMeta
+from bilevel.solvers.registry import check_hyperparameters
 
 __all__ = ["register", "make", "names"]
 

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from .heads import accuracy
+from bilevel.meta.heads import accuracy
 
 __all__ = ["MetaTrace", "HISTORY_COLUMNS", "mean_ci95", "meta_train"]
 

@@ -12,22 +12,32 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from .coreset_toy import CoresetReference, coreset_toy
-from .drifting_quadratic import DriftingQuadraticReference, drifting_quadratic
-from .hyper_cleaning import hyper_cleaning, hyper_cleaning_dataset, retrain, train_without_bilevel
-from .hyper_representation import (
+from bilevel.problems.coreset_toy import CoresetReference, coreset_toy
+from bilevel.problems.drifting_quadratic import DriftingQuadraticReference, drifting_quadratic
+from bilevel.problems.hyper_cleaning import (
+    hyper_cleaning,
+    hyper_cleaning_dataset,
+    retrain,
+    train_without_bilevel,
+)
+from bilevel.problems.hyper_representation import (
     deep_hyper_representation,
     deep_hyper_representation_dataset,
     hyper_representation,
     hyper_representation_synthetic,
     synthetic_hyperrep_data,
 )
-from .imbalanced_stream import imbalanced_stream
-from .l2_hpo import l2_hpo_linear, l2_hpo_linear_dataset, l2_hpo_logistic, l2_hpo_logistic_dataset
-from .matrix_completion import MatrixCompletionReference, matrix_completion
-from .online_hpo import online_l2_hpo
-from .oscillating import OscillatingReference, oscillating
-from .quadratic import QuadraticReference, quadratic
+from bilevel.problems.imbalanced_stream import imbalanced_stream
+from bilevel.problems.l2_hpo import (
+    l2_hpo_linear,
+    l2_hpo_linear_dataset,
+    l2_hpo_logistic,
+    l2_hpo_logistic_dataset,
+)
+from bilevel.problems.matrix_completion import MatrixCompletionReference, matrix_completion
+from bilevel.problems.online_hpo import online_l2_hpo
+from bilevel.problems.oscillating import OscillatingReference, oscillating
+from bilevel.problems.quadratic import QuadraticReference, quadratic
 
 __all__ = [
     "imbalanced_stream",

@@ -31,8 +31,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from ..problem import BilevelProblem
-from ..sets import Simplex
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.sets import Simplex
 
 __all__ = ["coreset_toy", "CoresetReference"]
 

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..metrics import Variation
-from ..online.problem import OnlineProblem
+from bilevel.analysis.metrics import Variation
+from bilevel.core.online_problem import OnlineProblem
 
 __all__ = ["drifting_quadratic", "DriftingQuadraticReference"]
 
@@ -118,7 +118,7 @@ def _affine_sup(a: np.ndarray, d: np.ndarray, x_set, radius, unravel) -> tuple[n
     Over a bounded X: max(<a, lmo(-a)> + d, -(<a, lmo(a)> + d)), lmo = the set's linear
     minimization oracle; over the ball ||x|| <= radius: |d| + radius ||a||.
     """
-    from .. import sets
+    from bilevel.core import sets
 
     if radius is not None:
         return np.abs(d) + radius * np.linalg.norm(a, axis=1), f"the ball ||x|| <= {radius}"

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._tree import tree_add, tree_norm, tree_scale
-from ..problem import BilevelProblem
-from . import models as M
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.tree import tree_add, tree_norm, tree_scale
+from bilevel.problems import models as M
 
 __all__ = [
     "hyper_cleaning",
@@ -431,7 +431,7 @@ def hyper_cleaning_dataset(
         dataset: ``"fashion_mnist"`` (available offline as a Debian package) or ``"mnist"``.
         p: label corruption probability (the paper uses 0.1 and 0.3).
     """
-    from .. import data as bl_data
+    from bilevel import data as bl_data
 
     fn = "hyper_cleaning_dataset"
     M.check_choice(dataset, "dataset", fn, ("fashion_mnist", "mnist"))

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._tree import tree_norm
-from ..problem import BilevelProblem
-from . import models as M
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.tree import tree_norm
+from bilevel.problems import models as M
 
 __all__ = [
     "synthetic_hyperrep_data",
@@ -462,7 +462,7 @@ def deep_hyper_representation_dataset(
     standard deviation of the training pixels (MNIST: 0.1307, 0.3081). ``options`` go to
     :func:`deep_hyper_representation`.
     """
-    from .. import data as bl_data
+    from bilevel import data as bl_data
 
     fn = "deep_hyper_representation_dataset"
     M.check_choice(dataset, "dataset", fn, ("fashion_mnist", "mnist"))

@@ -43,8 +43,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..online.problem import OnlineProblem
-from .models import _conv_nhwc, _maxpool2, float_dtype, softmax_cross_entropy, sum_of_squares
+from bilevel.core.online_problem import OnlineProblem
+from bilevel.problems.models import (
+    _conv_nhwc,
+    _maxpool2,
+    float_dtype,
+    softmax_cross_entropy,
+    sum_of_squares,
+)
 
 __all__ = [
     "PAPER_RHOS",

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import sets
-from ..problem import BilevelProblem
-from . import models as M
+from bilevel.core import sets
+from bilevel.core.problem import BilevelProblem
+from bilevel.problems import models as M
 
 __all__ = [
     "l2_hpo_logistic",
@@ -344,7 +344,7 @@ def l2_hpo_logistic_dataset(
     or scikit-learn's bundled ``"breast_cancer"`` (available offline; standardised with
     training statistics). ``options`` go to :func:`l2_hpo_logistic` (``form``, ...).
     """
-    from .. import data as bl_data
+    from bilevel import data as bl_data
 
     fn = "l2_hpo_logistic_dataset"
     M.check_choice(dataset, "dataset", fn, (*_LIBSVM, "breast_cancer"))
@@ -379,7 +379,7 @@ def l2_hpo_linear_dataset(
     rows. ``"digits"`` (scikit-learn, offline): 1797 8x8 images, standardised, split
     50/25/25. ``options`` go to :func:`l2_hpo_linear` (``per``).
     """
-    from .. import data as bl_data
+    from bilevel import data as bl_data
 
     fn = "l2_hpo_linear_dataset"
     M.check_choice(dataset, "dataset", fn, ("20newsgroups", "digits"))

@@ -61,9 +61,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import sets
-from ..problem import BilevelProblem
-from . import models as M
+from bilevel.core import sets
+from bilevel.core.problem import BilevelProblem
+from bilevel.problems import models as M
 
 __all__ = ["matrix_completion", "MatrixCompletionReference", "pseudo_huber"]
 

@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import sets
-from ..online.problem import OnlineProblem
-from . import models as M
+from bilevel.core import sets
+from bilevel.core.online_problem import OnlineProblem
+from bilevel.problems import models as M
 
 __all__ = ["online_l2_hpo", "OnlineHPOStream", "noise_level", "PAPER_NOISE"]
 

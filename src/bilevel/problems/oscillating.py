@@ -22,8 +22,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from ..metrics import Variation
-from ..online.problem import OnlineProblem
+from bilevel.analysis.metrics import Variation
+from bilevel.core.online_problem import OnlineProblem
 
 __all__ = ["oscillating", "OscillatingReference"]
 
@@ -75,7 +75,7 @@ def oscillating(
         :class:`OscillatingReference` and ``metrics`` reporting ``grad_norm`` (|grad F_t(x_t)|)
         and ``y_err`` (|y_t - y*_t(x_t)|).
     """
-    from .. import sets
+    from bilevel.core import sets
 
     if not (c > 0 and mu_g > 0):
         raise ValueError(f"oscillating(c={c}, mu_g={mu_g}) needs c > 0 and mu_g > 0.")

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ..problem import BilevelProblem
+from bilevel.core.problem import BilevelProblem
 
 __all__ = ["quadratic", "QuadraticReference"]
 

@@ -1,29 +1,76 @@
-"""Solvers: ``bl.solvers.make(name, **hyperparameters)`` and ``bl.solvers.names()``.
+"""Solvers: ``bl.solvers.make(name, **hyperparameters)``, ``bl.solvers.names()`` and every
+solver class.
 
-Each solver module registers its classes on import (``@register("name")``); this package
-imports every module under ``solvers/`` and ``solvers/baselines/``, so adding a solver is one
-new file.
+The solvers live by method family, one file per paper name: ``hypergradient/`` (the
+implicit-hypergradient estimators: stocBiO, AID-CG, AID-FP, TTSA, BSA, SOBA, SABA, ITD),
+``penalty/`` (F2SA, F3SA), ``zeroth_order/`` (PZOBO, PZOBO-S, HOZOG), ``frank_wolfe/`` (IBCG,
+SBFW), ``second_order/`` (STABLE) and ``online/`` (F2OBO, F2OBO-SL, AF2OBO, SF2OBO and the online
+baselines). Importing a solver's module registers it (``@register("name")``); this package
+imports them all, so ``make`` knows every name.
 """
 
-import importlib
-import pkgutil
+from bilevel.solvers.base import Solver
+from bilevel.solvers.frank_wolfe.ibcg import IBCG
+from bilevel.solvers.frank_wolfe.sbfw import SBFW
+from bilevel.solvers.hypergradient.aid import AIDCG, AIDFP
+from bilevel.solvers.hypergradient.bsa import BSA
+from bilevel.solvers.hypergradient.itd import ITD
+from bilevel.solvers.hypergradient.saba import SABA
+from bilevel.solvers.hypergradient.soba import SOBA
+from bilevel.solvers.hypergradient.stocbio import StocBiO
+from bilevel.solvers.hypergradient.ttsa import TTSA
+from bilevel.solvers.online.af2obo import AF2OBO
+from bilevel.solvers.online.aobo import AOBO, FSOBO
+from bilevel.solvers.online.f2obo import F2OBO, F2OBOSingleLoop
+from bilevel.solvers.online.oagd import OAGD
+from bilevel.solvers.online.obbo import OBBO, SOBBO
+from bilevel.solvers.online.sf2obo import SF2OBO
+from bilevel.solvers.online.sobow import SOBOW
+from bilevel.solvers.online.sogd import SOGD
+from bilevel.solvers.penalty.f2sa import F2SA
+from bilevel.solvers.penalty.f3sa import F3SA
+from bilevel.solvers.registry import get, make, names, register
+from bilevel.solvers.second_order.stable import STABLE
+from bilevel.solvers.zeroth_order.hozog import HOZOG
+from bilevel.solvers.zeroth_order.pzobo import PZOBO, PZOBOS
 
-from . import baselines
-from .base import Solver
-from .registry import get, make, names, register
-
-
-def _import_all() -> None:
-    for package in (__name__, baselines.__name__):
-        module = importlib.import_module(package)
-        for info in pkgutil.iter_modules(module.__path__):
-            if info.name not in ("base", "registry") and not info.ispkg:
-                importlib.import_module(f"{package}.{info.name}")
-
-
-_import_all()
-
-from .baselines.stocbio import StocBiO  # noqa: E402
-from .f2sa import F2SA  # noqa: E402
-
-__all__ = ["Solver", "F2SA", "StocBiO", "make", "names", "get", "register"]
+__all__ = [
+    "Solver",
+    "make",
+    "names",
+    "get",
+    "register",
+    # hypergradient
+    "StocBiO",
+    "AIDCG",
+    "AIDFP",
+    "TTSA",
+    "BSA",
+    "SOBA",
+    "SABA",
+    "ITD",
+    # penalty
+    "F2SA",
+    "F3SA",
+    # zeroth order
+    "PZOBO",
+    "PZOBOS",
+    "HOZOG",
+    # Frank-Wolfe
+    "IBCG",
+    "SBFW",
+    # second order
+    "STABLE",
+    # online
+    "F2OBO",
+    "F2OBOSingleLoop",
+    "AF2OBO",
+    "SF2OBO",
+    "OBBO",
+    "SOBBO",
+    "SOBOW",
+    "OAGD",
+    "AOBO",
+    "FSOBO",
+    "SOGD",
+]

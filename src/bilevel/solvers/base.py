@@ -7,7 +7,7 @@ the test battery and per-family ``tests/solver_settings_<family>.py`` files).
 ``init(problem, key) -> state`` and ``step(problem, state) -> state`` are pure and jit-, scan- and
 vmap-able; the state is a typed ``NamedTuple`` that carries at least ``x``, ``y``, ``k`` (the
 iteration count), ``key`` (the PRNG key, split inside ``step``) and ``counts``
-(:class:`bilevel.oracles.Counts`). The driver (:func:`bilevel.solve`) owns the loop.
+(:class:`bilevel.core.oracles.Counts`). The driver (:func:`bilevel.solve`) owns the loop.
 
 A solver is a pytree (every subclass is registered by ``Solver.__init_subclass__``): its numeric
 hyperparameters (floats: step sizes, penalty constants, momentum, smoothing, ...) are array
@@ -31,11 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import sampling
-from .._tree import tree_axpy, tree_norm
-from ..oracles import Counts
-from ..problem import BilevelProblem, ProblemKindError
-from ..schedules import check_step_size
+from bilevel.core import sampling
+from bilevel.core.oracles import Counts
+from bilevel.core.problem import BilevelProblem, ProblemKindError
+from bilevel.core.schedules import check_step_size
+from bilevel.core.tree import tree_axpy, tree_norm
 
 PyTree = Any
 
@@ -159,7 +159,7 @@ class Solver(abc.ABC):
     #: ``bl.OnlineProblem``; ``solvers/online.py``) or offline (``bl.solve``)
     online: ClassVar[bool] = False
     #: whether the method's minibatches may come split into ``problem.batch_chunks`` parts
-    #: (:class:`bilevel.sampling.Chunks`): False for a method that reads a batch row by row
+    #: (:class:`bilevel.core.sampling.Chunks`): False for a method that reads a batch row by row
     #: (SABA's per-sample tables), whose batches stay whole
     chunked_batches: ClassVar[bool] = True
 
@@ -235,10 +235,10 @@ class Solver(abc.ABC):
         """This solver with data-dependent settings filled in (``lr_inner="auto"``).
 
         ``"auto"`` becomes ``auto_inner_factor / L_g`` with L_g estimated by
-        :func:`bilevel.diagnose` at ``(x0, y0)``. ``solve`` calls this before compiling.
+        :func:`bilevel.analysis.diagnose` at ``(x0, y0)``. ``solve`` calls this before compiling.
         """
         if _is_auto(getattr(self, "lr_inner", None)):
-            from ..diagnose import auto_inner_step
+            from bilevel.analysis.diagnose import auto_inner_step
 
             step = auto_inner_step(problem, self.auto_inner_factor)
             return dataclasses.replace(self, lr_inner=step)
@@ -283,7 +283,7 @@ class Solver(abc.ABC):
 
     def check_problem(self, problem: BilevelProblem) -> None:
         """Refuse a problem this solver cannot handle, before anything is compiled."""
-        from ..online.problem import OnlineProblem
+        from bilevel.core.online_problem import OnlineProblem
 
         if isinstance(problem, OnlineProblem):
             raise ProblemKindError(
@@ -322,7 +322,7 @@ class Solver(abc.ABC):
 
     def _check_bounded_set(self, problem: BilevelProblem) -> None:
         """A linear minimization oracle needs a bounded ``x_set``: refuse anything else."""
-        from ..sets import is_bounded
+        from bilevel.core.sets import is_bounded
 
         if problem.x_set is None:
             raise ValueError(

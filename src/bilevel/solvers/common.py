@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import oracles
-from .._tree import tree_axpy, tree_norm, tree_sub
-from ..problem import BilevelProblem
-from ..sampling import Minibatches
+from bilevel.core import oracles
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.sampling import Minibatches
+from bilevel.core.tree import tree_axpy, tree_norm, tree_sub
 
 PyTree = Any
 
@@ -49,7 +49,9 @@ def inner_sgd(problem: BilevelProblem, mb: Minibatches, x, y, lr, num_steps: int
         return tree_axpy(-lr, oracles.grad_y(problem.inner, x, y_, mb.inner(first + t)), y_), None
 
     if num_steps == 1:  # no loop: the step's other derivatives at (x, y) on the same draw
-        return body(y, 0)[0]  # (SOBA's) then share its forward pass (bilevel.dot_merge)
+        return body(y, 0)[
+            0
+        ]  # (SOBA's) then share its forward pass (bilevel.drivers._xla_cpu.dot_merge)
     y, _ = jax.lax.scan(body, y, jnp.arange(num_steps))
     return y
 
@@ -120,7 +122,7 @@ def linear_system_hypergradient(
     the i-th product (i traced), ``cross_batch`` the cross term. Returns ``(v, h)``; costs one
     grad_f, ``num_steps`` hvp and one cross.
     """
-    from .. import linsolve  # here, so that this section only appends to the module
+    from bilevel.core import linsolve  # here, so that this section only appends to the module
 
     gx_f, gy_f = oracles.grads(f, x, y, outer_batch)
     v = linsolve.fixed_point(

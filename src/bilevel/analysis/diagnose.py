@@ -1,0 +1,215 @@
+"""Diagnostics of the inner problem: strong convexity mu_g and smoothness L_g in y.
+
+Every method in this library assumes ``g(x, .)`` is mu_g-strongly convex and L_g-smooth, and
+most tie their inner step to ``1/L_g``. ``diagnose`` estimates both at ``(x0, y0)`` from the
+extreme eigenvalues of the Hessian ``d^2 g / dy^2`` by the Lanczos method on Hessian-vector
+products (Lanczos, 1950; with full reorthogonalisation, so it is exact once the Krylov space is
+the whole space). For stochastic problems the HVP is averaged over the full data (or over
+``num_batches`` minibatches of ``batch_size`` when the data is large). ``outer_smoothness``
+does the same for the outer ``d^2 f / dy^2`` (L_f, for rules such as PZOBO's
+``1 / max(L_f, L_g)``); ``diagnose`` does not compute it, so it stays one Lanczos run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from bilevel.core import oracles, sampling
+from bilevel.core.problem import BilevelProblem
+
+__all__ = ["Diagnosis", "diagnose", "outer_smoothness", "NotStronglyConvexWarning"]
+
+
+class NotStronglyConvexWarning(UserWarning):
+    """The inner problem does not look strongly convex in y at the starting point."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """Estimated constants of the inner problem at ``(x0, y0)``."""
+
+    mu_g: float  # smallest eigenvalue of d^2 g / dy^2 (strong convexity)
+    L_g: float  # largest eigenvalue (smoothness)
+    lanczos_steps: int  # Krylov dimension used (== dim y means exact up to rounding)
+    dim_y: int
+
+    @property
+    def condition_number(self) -> float:
+        return self.L_g / self.mu_g if self.mu_g > 0 else float("inf")
+
+    @property
+    def strongly_convex(self) -> bool:
+        return self.mu_g > 1e-10 * max(abs(self.L_g), 1e-30)
+
+
+def _lanczos_extremes(matvec, dim: int, steps: int, key) -> tuple[float, float, int]:
+    """Extreme Ritz values after ``steps`` Lanczos steps with full reorthogonalisation."""
+    v = np.array(jax.random.normal(key, (dim,)), dtype=np.float64)
+    v = v / np.linalg.norm(v)
+    basis, alphas, betas = [v], [], []
+    for j in range(steps):
+        w = np.array(matvec(basis[j]), dtype=np.float64)  # a writable copy
+        alpha = float(w @ basis[j])
+        alphas.append(alpha)
+        w = w - alpha * basis[j] - (betas[-1] * basis[j - 1] if j > 0 else 0.0)
+        for q in basis:  # full reorthogonalisation (the basis is small)
+            w -= (w @ q) * q
+        beta = float(np.linalg.norm(w))
+        if j == steps - 1 or beta < 1e-12 * max(1.0, abs(alpha)):
+            break
+        betas.append(beta)
+        basis.append(w / beta)
+    k = len(alphas)
+    T = np.diag(alphas) + np.diag(betas[: k - 1], 1) + np.diag(betas[: k - 1], -1)
+    eig = np.linalg.eigvalsh(T)
+    return float(eig[0]), float(eig[-1]), k
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def diagnose(
+    problem: BilevelProblem,
+    *,
+    steps: int = 60,
+    batch_size: int = 4096,
+    num_batches: int = 8,
+    seed: int = 0,
+    warn: bool = True,
+) -> Diagnosis:
+    """Estimate mu_g and L_g of ``g(x0, .)`` at ``y0`` by Lanczos on Hessian-vector products.
+
+    Args:
+        problem: the bilevel problem.
+        steps: Lanczos steps (capped at dim y; the estimate is exact at dim y). Extreme
+            eigenvalues converge first, so 60 steps are usually plenty.
+        batch_size, num_batches: for inner data with more than ``batch_size`` samples, the HVP
+            is averaged over ``num_batches`` random minibatches of this size.
+        seed: seed of the starting vector and the minibatches.
+        warn: emit a :class:`NotStronglyConvexWarning` when mu_g <= 0 (relative to L_g).
+
+    Returns:
+        A :class:`Diagnosis`.
+    """
+    # A problem is immutable, so its diagnosis is cached: "auto" settings then cost one Lanczos
+    # run per problem, and a second solve compiles nothing.
+    settings = (steps, batch_size, num_batches, seed)
+    cached = _CACHE.get(problem, {}).get(settings)
+    if cached is not None:
+        _maybe_warn(problem, cached, warn)
+        return cached
+    mu, L, k, dim = _hessian_yy_extremes(
+        problem.inner, problem, problem.inner_data, problem.n_inner, *settings
+    )
+    diag = Diagnosis(mu_g=mu, L_g=L, lanczos_steps=k, dim_y=dim)
+    _CACHE.setdefault(problem, {})[settings] = diag
+    _maybe_warn(problem, diag, warn)
+    return diag
+
+
+def outer_smoothness(
+    problem: BilevelProblem,
+    *,
+    steps: int = 60,
+    batch_size: int = 4096,
+    num_batches: int = 8,
+    seed: int = 0,
+) -> float:
+    """Estimate L_f, the smoothness of the outer ``f(x0, .)`` in y at ``y0``.
+
+    The spectral norm of ``d^2 f / dy^2`` at ``(x0, y0)``, ``max(|lambda_min|, |lambda_max|)``
+    (f may be nonconvex in y), by the same Lanczos machinery as :func:`diagnose` (same
+    arguments, outer data averaged as ``diagnose`` averages the inner data; cached per
+    problem). Like ``diagnose``'s L_g it is a local estimate restricted to y, so a lower bound
+    on a smoothness constant in ``(x, y)`` such as Assumption A3 of Sow, Ji, Liang (NeurIPS
+    2022).
+    """
+    settings = ("outer", steps, batch_size, num_batches, seed)
+    cached = _CACHE.get(problem, {}).get(settings)
+    if cached is None:
+        lo, hi, _, _ = _hessian_yy_extremes(
+            problem.outer, problem, problem.outer_data, problem.n_outer, *settings[1:]
+        )
+        cached = max(abs(lo), abs(hi))
+        _CACHE.setdefault(problem, {})[settings] = cached
+    return cached
+
+
+def _hessian_yy_extremes(fn, problem, data, n, steps, batch_size, num_batches, seed):
+    """``(lambda_min, lambda_max, lanczos steps, dim y)`` of ``d^2 fn / dy^2`` at (x0, y0):
+    Lanczos on HVPs averaged over ``data`` (over ``num_batches`` minibatches of ``batch_size``
+    when it holds more than ``batch_size`` samples)."""
+    x, y = problem.x0, problem.y0
+    flat_y, unravel = ravel_pytree(y)
+    dim = int(flat_y.size)
+    key = jax.random.PRNGKey(seed)
+    if n is not None and n > batch_size:
+        mb = sampling.minibatches(key, None, data, batch_size, outer=0, inner=num_batches)
+        batches = [mb.inner(i) for i in range(num_batches)]
+    else:
+        batches = [data]
+
+    # x, y and the data are arguments, not closed-over constants: XLA would otherwise
+    # constant-fold the whole model (minutes for a CNN).
+    @jax.jit
+    def hvp(v, x, y, batches):
+        tangent = unravel(v.astype(flat_y.dtype))
+        total = sum(ravel_pytree(oracles.hvp_yy(fn, x, y, b, tangent))[0] for b in batches)
+        return total / len(batches)
+
+    lo, hi, k = _lanczos_extremes(
+        lambda v: hvp(jnp.asarray(v), x, y, batches), dim, min(steps, dim), key
+    )
+    return lo, hi, k, dim
+
+
+def _maybe_warn(problem: BilevelProblem, diag: Diagnosis, warn: bool) -> None:
+    mu, L = diag.mu_g, diag.L_g
+    if warn and not diag.strongly_convex:
+        warnings.warn(
+            f"the inner problem of {problem.name} is not strongly convex in y at (x0, y0): the "
+            f"smallest eigenvalue of d^2 g/dy^2 is about {mu:.3g} (largest {L:.3g}). Every "
+            "method in bilevel assumes a strongly convex inner problem; add a ridge term "
+            "(+ c/2 ||y||^2) to g or reparametrise y.",
+            NotStronglyConvexWarning,
+            stacklevel=3,
+        )
+
+
+def auto_inner_step(problem: BilevelProblem, factor: float = 1.0) -> float:
+    """``factor / L_g`` at the starting point (the ``lr_inner="auto"`` rule)."""
+    d = diagnose(problem)
+    if not d.L_g > 0:
+        raise ValueError(
+            f"lr_inner='auto' needs a positive inner smoothness constant; estimated L_g = "
+            f"{d.L_g:.3g} at (x0, y0). Give lr_inner explicitly."
+        )
+    return float(factor / d.L_g)
+
+
+def strong_convexity(problem: BilevelProblem, needs: str, instead: str) -> tuple[float, float]:
+    """``(mu_g, L_g)`` estimated at (x0, y0), for an ``"auto"`` setting that is built from them
+    (IBCG's 2/(mu_g + L_g), SBFW's a_0, TTSA's L_g/mu_g Neumann length).
+
+    Args:
+        problem: the problem to diagnose (cached per problem by :func:`diagnose`).
+        needs: what needs the constants, the start of the error message.
+        instead: what the user can give instead, the end of the error message.
+
+    Raises:
+        ValueError: when the estimate is not strongly convex (mu_g <= 0 or L_g < mu_g).
+    """
+    d = diagnose(problem)
+    if not (d.mu_g > 0 and d.L_g >= d.mu_g):
+        raise ValueError(
+            f"{needs}, but bl.diagnose estimated mu_g = {d.mu_g:.3g}, L_g = {d.L_g:.3g} at "
+            f"(x0, y0): g is not strongly convex there; {instead}."
+        )
+    return float(d.mu_g), float(d.L_g)

@@ -1,1 +1,0 @@
-"""Baselines the papers compare against (each cites its source paper)."""

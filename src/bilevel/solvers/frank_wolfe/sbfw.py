@@ -1,0 +1,223 @@
+r"""SBFW: the stochastic bilevel Frank-Wolfe method, as the IBCG paper runs it (baseline).
+
+Akhtar, Bedi, Thomdapu, Rajawat. "Projection-Free Stochastic Bi-Level Optimization." IEEE
+Trans. Signal Process. 70, 2022 [ABTR22]. Implemented as Abolfazli, Jiang, Mokhtari,
+Yazdandoost Hamedani write it for their comparison ("An Inexact Conditional Gradient Method
+for Constrained Bilevel Optimization", preprint, App. G.1; spec ``shared/specs/ibcg.md`` 2.3).
+
+A projection-free single-loop method like IBCG, but with decaying steps, a STORM-like momentum
+on the hypergradient estimate, and a randomised Neumann estimate of the Hessian inverse whose
+length grows with the iteration count (O(k) Hessian-vector products at step k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bilevel.core import oracles
+from bilevel.core.oracles import Counts
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.sampling import Minibatches
+from bilevel.core.schedules import step_size
+from bilevel.core.tree import tree_axpy, tree_norm, tree_sub, tree_zeros_like
+from bilevel.solvers.base import OuterState, _is_auto
+from bilevel.solvers.common import implicit_hypergradient, inner_sgd
+from bilevel.solvers.frank_wolfe.base import (
+    FrankWolfeSolver,
+    dense_adjoint,
+    frank_wolfe_step,
+    merge_counts,
+)
+from bilevel.solvers.hypergradient.implicit import RandomNeumann
+from bilevel.solvers.registry import register
+
+__all__ = ["SBFW", "SBFWState", "sbfw_weights", "TUNED"]
+
+PyTree = Any
+
+#: inner draws of one step: the y step, the Hessian of M (all l products), the cross product
+STEP_DRAW, HESSIAN_DRAW, CROSS_DRAW = 0, 1, 2
+#: the "tuned SBFW" of Fig. 4 (App. G.2): delta_k x 5 and eta_k x 0.1
+TUNED = {"inner": 5.0, "outer": 0.1}
+VARIANTS = ("theory", "tuned")
+#: eta_k = 2/(k+1)^{3/4} at the first update (paper k = 1): the default ``lr_outer``
+ETA_1 = 2.0 / 2.0**0.75
+
+
+class SBFWState(NamedTuple):
+    """The state after paper iteration k (``k`` below counts the steps done)."""
+
+    x: PyTree  # x_{k+1}: the next upper iterate (in X)
+    y: PyTree  # y_k: tracks y*(x_k), one gradient step behind x
+    x_prev: PyTree  # x_k: where the next step's y update and old h are evaluated
+    d: PyTree  # d_k: the momentum estimate of grad l(x_k) (d_0 = 0, never used: rho_1 = 1)
+    k: jax.Array  # steps done (the paper's k - 1 at the start of its iteration k)
+    key: jax.Array  # PRNG key
+    counts: Counts  # samples and oracle calls so far
+    outer_state: OuterState  # its direction_norm is ||d_k||
+    fw_gap_estimate: jax.Array  # <d_k, x_k - s_k>: the FW gap of the momentum estimate
+
+
+def sbfw_weights(k, lr_outer=ETA_1, lr_inner=1.0) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``(rho_k, eta_k, delta_k)`` at paper iteration ``k + 1`` (``k`` = steps done).
+
+    App. G.1: ``rho_k = 2/k^{1/2}``, ``eta_k = 2/(k+1)^{3/4}``, ``delta_k = a_0/k^{1/2}``
+    from k = 1 (delta_0 is undefined). ``rho_k >= 1`` for k <= 4 and ``eta_k > 1`` for
+    k in {0, 1}: both are CLIPPED to [0, 1] (the paper is silent; spec pitfall 13). With
+    ``rho_1 = 1`` the momentum starts at ``d_1 = h(x_1, y_1)`` whatever d_0 is.
+
+    Args:
+        k: steps done (traced int); the paper's iteration is k + 1.
+        lr_outer: eta at the first update, ``eta_1`` (paper: 2/2^{3/4}), or a schedule of k.
+        lr_inner: delta at the first update, ``delta_1 = a_0``, or a schedule of k.
+    """
+    rho = jnp.minimum(step_size(2.0, k, 0.5, 1.0), 1.0)  # 2/(k+1)^{1/2}
+    eta = jnp.clip(step_size(lr_outer, k, 0.75, 2.0), 0.0, 1.0)  # eta_1 (2/(k+2))^{3/4}
+    delta = step_size(lr_inner, k, 0.5, 1.0)  # a_0 / (k+1)^{1/2}
+    return rho, eta, delta
+
+
+@register("sbfw")
+@dataclasses.dataclass(frozen=True)
+class SBFW(FrankWolfeSolver):
+    r"""SBFW (Akhtar et al., IEEE TSP 2022) as written in App. G.1 of the IBCG paper; per
+    iteration k = 1, 2, ..., from ``x_1 = x_0`` (the given start), ``y_0`` and ``d_0 = 0``::
+
+        y_k     = y_{k-1} - delta_k grad_y g(x_{k-1}, y_{k-1})
+        d_k     = (1 - rho_k)(d_{k-1} - h(x_{k-1}, y_{k-1})) + h(x_k, y_k)     (STORM-like)
+        s_k     = argmin_{s in X} <s, d_k>
+        x_{k+1} = (1 - eta_k) x_k + eta_k s_k
+        h(x, y) = grad_x f(x, y) - M(x, y) grad_y f(x, y)
+        M(x, y) = d2g/dxdy (x, y) [(k/L_g) prod_{i=1}^{l} (I - d2g/dy2 (x, y) / L_g)],  l ~ U{1..k}
+
+    with the steps of :func:`sbfw_weights` (clipped). The y step is taken at
+    ``(x_{k-1}, y_{k-1})`` literally (spec 2.3). Both h evaluations of a step use the SAME
+    sample: the same l and, with minibatches, the same outer draw, Hessian draw and cross
+    draw -- the STORM estimator of [ABTR22] differences one sample at two points. With
+    minibatches one inner draw serves all l Hessian products of M (Ghadimi & Wang's estimator
+    draws one per factor; with l up to k that would make the samples per step grow with k).
+
+    The Neumann part of M has mean ``(1/L_g) sum_{l=1}^{k} (I - H/L_g)^l``, which misses the
+    l = 0 term of the series and so is biased by ``-I/L_g`` even for large k; the IBCG paper
+    states this estimate (l from 1), which is what runs here.
+
+    Args:
+        lr_outer: eta_1, the first FW step (a float: ``eta_k = eta_1 (2/(k+1))^{3/4}``; the
+            paper's ``2/(k+1)^{3/4}`` is the default 2/2^{3/4} = 1.19, clipped to 1), or a
+            schedule of the steps done.
+        lr_inner: delta_1 = a_0 (``delta_k = a_0/k^{1/2}``). ``"auto"``: the paper's
+            ``a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)}`` with mu_g, L_g from ``bl.diagnose``.
+        neumann_lr: 1/L_g of M; ``"auto"``: from ``bl.diagnose``.
+        hessian_inverse: ``"neumann"`` (M above, l products per h, 2l per step) or ``"exact"``
+            (``M = d2g/dxdy [d2g/dy2]^{-1}`` by a dense solve: "SBFW with Hessian inverse",
+            App. G.2, the green curves of Figs. 3-4).
+        variant: ``"theory"`` or ``"tuned"`` (Fig. 4: delta_k x 5, eta_k x 0.1, then clipped).
+        max_neumann: NOT IN PAPER. None (default, the paper): M uses k in place of the cap, so
+            step k costs up to 2k Hessian-vector products; an int n caps the length at
+            ``min(k, n)`` (l ~ U{1..min(k, n)}, scale min(k, n)/L_g) to bound the cost.
+        batch_size: minibatch size of every oracle (None = full data).
+    """
+
+    lr_outer: Any = ETA_1
+    lr_inner: Any = "auto"
+    neumann_lr: Any = "auto"
+    hessian_inverse: str = "neumann"
+    variant: str = "theory"
+    max_neumann: int | None = None
+    batch_size: int | None = None
+
+    name: ClassVar[str] = "sbfw"
+    paper: ClassVar[str] = (
+        "Akhtar, Bedi, Thomdapu, Rajawat: Projection-Free Stochastic Bi-Level Optimization "
+        "(IEEE TSP 2022), as run by Abolfazli et al. (IBCG, App. G.1)"
+    )
+
+    def validate(self) -> None:
+        cls = type(self).__name__
+        self._check_choices(hessian_inverse=("neumann", "exact"), variant=VARIANTS)
+        cap = self.max_neumann
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"{cls}(max_neumann=...) must be None or an int >= 1, got {cap!r}.")
+        lr = self.neumann_lr
+        if not _is_auto(lr) and (
+            isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0
+        ):
+            raise ValueError(f"{cls}(neumann_lr=...) must be 1/L_g > 0 or 'auto', got {lr!r}.")
+        self._check_plain_steps()
+
+    def resolve(self, problem: BilevelProblem) -> SBFW:
+        """Fill ``"auto"``: a_0 and 1/L_g from ``bl.diagnose`` at (x0, y0)."""
+        if not (_is_auto(self.lr_inner) or _is_auto(self.neumann_lr)):
+            return self
+        from bilevel.analysis.diagnose import strong_convexity
+
+        mu_g, L_g = strong_convexity(
+            problem, "SBFW's 'auto' steps need mu_g and L_g", "give lr_inner and neumann_lr"
+        )
+        changes = {}
+        if _is_auto(self.lr_inner):
+            changes["lr_inner"] = min(2.0 / (3.0 * mu_g), mu_g / (2.0 * L_g**2))  # a_0
+        if _is_auto(self.neumann_lr):
+            changes["neumann_lr"] = 1.0 / L_g  # unused by the exact variant
+        return dataclasses.replace(self, **changes)
+
+    def init(self, problem: BilevelProblem, key: jax.Array) -> SBFWState:
+        x0 = problem.x0
+        zero = jnp.zeros_like(tree_norm(x0))
+        d0 = tree_zeros_like(x0)
+        return SBFWState(
+            x0, problem.y0, x0, d0, jnp.zeros((), jnp.int32), key, Counts.zeros(),
+            self.outer_init(x0), zero,
+        )  # fmt: skip
+
+    def _h(self, problem: BilevelProblem, x, y, mb: Minibatches, k, key):
+        """``(h(x, y), counts)`` on the step's draws; ``key`` fixes l, ``k`` = paper's k."""
+        grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y, mb.outer(0))
+        if self.hessian_inverse == "exact":
+            v, counts = dense_adjoint(problem, x, y, grad_y_f, mb.inner(HESSIAN_DRAW)), {"dense": 1}
+        else:
+            terms = k if self.max_neumann is None else jnp.minimum(k, self.max_neumann)
+            hessian = functools.partial(oracles.hvp_yy, problem.inner, x, y, mb.inner(HESSIAN_DRAW))
+            neumann = RandomNeumann(lr=self.neumann_lr, num_terms=terms, first=1)
+            v, products = neumann.solve(lambda j: hessian, grad_y_f, key)
+            counts = {"hvp": products}
+        return implicit_hypergradient(problem, x, y, v, grad_x_f, mb.inner(CROSS_DRAW)), counts
+
+    def step(self, problem: BilevelProblem, state: SBFWState) -> SBFWState:
+        key, batch_key, neumann_key = jax.random.split(state.key, 3)
+        mb = self.minibatches(problem, batch_key, outer=1, inner=3)
+        scale = TUNED if self.variant == "tuned" else {"inner": 1.0, "outer": 1.0}
+        rho, eta, delta = sbfw_weights(
+            state.k, _scaled(self.lr_outer, scale["outer"]), _scaled(self.lr_inner, scale["inner"])
+        )
+        k = state.k + 1  # the paper's iteration index, from 1
+        x_prev, x, y_prev = state.x_prev, state.x, state.y
+        y = inner_sgd(problem, mb, x_prev, y_prev, delta, 1, first=STEP_DRAW)
+        h_old, old_counts = self._h(problem, x_prev, y_prev, mb, k, neumann_key)
+        h_new, new_counts = self._h(problem, x, y, mb, k, neumann_key)  # same sample
+        d = tree_axpy(1.0 - rho, tree_sub(state.d, h_old), h_new)
+        x_next, gap = frank_wolfe_step(problem, x, d, eta)
+        counts = state.counts.add(
+            samples_outer=mb.samples_outer,
+            samples_inner=mb.samples_inner,
+            grad_g=1,
+            grad_f=2,  # both partials of f, fused, at the old and the new point
+            cross=2,
+            **merge_counts(old_counts, new_counts),
+        )
+        outer_state = OuterState(state.outer_state.opt, tree_norm(d))
+        return SBFWState(x_next, y, x, d, state.k + 1, key, counts, outer_state, gap)
+
+
+def _scaled(value, factor: float):
+    """``factor * value`` for a float step or a schedule (Fig. 4's tuning multiplies the rule)."""
+    if factor == 1.0:
+        return value
+    if callable(value):
+        return lambda k: factor * value(k)
+    return factor * value

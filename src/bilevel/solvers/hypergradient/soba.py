@@ -1,0 +1,104 @@
+r"""SOBA: the stochastic single-loop method of Dagreou, Ablin, Vaiter & Moreau (NeurIPS 2022).
+
+"A framework for bilevel optimization that enables stochastic and global variance reduction
+algorithms" (arXiv:2201.13409). The inner iterate y, the adjoint v (the solution of the linear
+system of the implicit function theorem) and x move at the same time, each along a direction
+that is a *sum* over samples, so one sample gives an unbiased estimate of all three.
+
+A preset of the implicit-gradient family (``solvers/implicit.py``): its ``two_timescale``
+schedule (one y step, every direction at the step's start) with the
+:class:`~bilevel.solvers.hypergradient.implicit.LinearSystemStep` adjoint (one SGD step on the linear system,
+warm-started from the previous v) and the Hessian product on the y step's own sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from bilevel.solvers.hypergradient.implicit import (
+    Adjoint,
+    AdjointState,
+    ImplicitSolver,
+    LinearSystemStep,
+)
+from bilevel.solvers.registry import register
+
+__all__ = ["SOBA", "SOBAState", "SOBA_REGIMES"]
+
+#: Step-size orders (a, b) for (gamma_k, rho_k) = (gamma_0, rho_0) (k0/(k+k0))^(a, b):
+#: "constant" steps, and "decreasing", Theorem 1's gamma_t = gamma_0 t^-3/5 and
+#: rho_t = rho_0 t^-2/5 (with k0 = 1, t = k + 1 exactly).
+SOBA_REGIMES = {"constant": (0.0, 0.0), "decreasing": (3.0 / 5.0, 2.0 / 5.0)}
+
+SOBAState = AdjointState  # x, y, v (see the class docstring), k, key, counts, outer_state
+
+
+@register("soba")
+@dataclasses.dataclass(frozen=True)
+class SOBA(ImplicitSolver):
+    r"""SOBA (Dagreou, Ablin, Vaiter, Moreau, NeurIPS 2022, Sec. 2-3, Theorem 1).
+
+    The paper writes h(x) = F(z*(x), x) with z*(x) = argmin_z G(z, x), G = 1/n sum_i g_i,
+    F = 1/m sum_j f_j, and the adjoint v*(x) = -[d2G/dz2]^{-1} grad_z F, so that
+    grad h = grad_x F + d2G/dxdz v*. Its three directions at (z, v, x) are::
+
+        D_z = grad_z G(z, x)
+        D_v = d2G/dz2 (z, x) v + grad_z F(z, x)
+        D_x = d2G/dxdz (z, x) v + grad_x F(z, x)
+
+    and SOBA replaces each by its value on one inner sample i and one outer sample j (drawn
+    uniformly and independently; the same i feeds the z-gradient, the Hessian product and the
+    cross term, the same j both partials of f), then moves all three variables at once from
+    (z^t, v^t, x^t): z^{t+1} = z^t - rho_t D_z^t, v^{t+1} = v^t - rho_t D_v^t,
+    x^{t+1} = x^t - gamma_t D_x^t. The cross term uses the *old* v^t.
+
+    This library keeps its own sign convention, v ~ +[d2g/dy2]^{-1} grad_y f (the paper's v
+    is its negative) and hypergradient grad_x f - d2g/dxdy v, so per iteration k, with inner
+    minibatch B_i and outer minibatch B_j::
+
+        y_{k+1} = y_k - rho_k grad_y g(x_k, y_k; B_i)
+        v_{k+1} = v_k - rho_k (d2g/dy2 (x_k, y_k; B_i) v_k - grad_y f(x_k, y_k; B_j))
+        x_{k+1} = Proj_X(x_k - gamma_k [grad_x f(x_k, y_k; B_j) - d2g/dxdy (x_k, y_k; B_i) v_k])
+
+    with v_0 = 0. Per step: one y-gradient of g, one Hessian-vector product, one cross product
+    and one fused gradient of f, on one inner and one outer minibatch.
+
+    Step sizes. Theorem 1: with rho_t = rho_0 t^{-2/5} and gamma_t = gamma_0 t^{-3/5},
+    inf_{t <= T} E||grad h(x^t)||^2 = O(log(T) T^{-2/5}) (``regime="decreasing"``, ``k0=1``).
+    ``regime="constant"`` (default) keeps rho and gamma fixed, as benchopt's
+    ``benchmark_bilevel`` runs SOBA; on a noisy problem it then stalls at a noise floor.
+
+    Args:
+        lr_outer: gamma (gamma_0 under "decreasing"), or a schedule ``k -> step``.
+        lr_inner: rho, the step of both y and v (rho_0 under "decreasing"), or a schedule;
+            ``"auto"`` (default) is 1/L_g from ``bl.diagnose``: y and v both run gradient
+            descent on a function whose smoothness is L_g (g(x, .) and 1/2 v'Hv - v'grad_y f).
+        batch_size: size of the inner and outer minibatches (None = full data).
+        regime: "constant" (default) or "decreasing" (Theorem 1); a schedule is used as given.
+        k0: offset of the decreasing steps, (k0/(k+k0))^power; 1 is the paper's t^-power.
+
+    References:
+        Dagreou, Ablin, Vaiter, Moreau. "A framework for bilevel optimization that enables
+        stochastic and global variance reduction algorithms." NeurIPS 2022 (arXiv:2201.13409).
+
+    Assumptions: g(x, .) strongly convex and smooth, f smooth, second derivatives Lipschitz.
+    """
+
+    lr_outer: Any = 0.01
+    lr_inner: Any = "auto"
+    batch_size: int | None = None
+    regime: str = "constant"
+    k0: float = 1.0
+
+    name: ClassVar[str] = "soba"
+    paper: ClassVar[str] = "Dagreou, Ablin, Vaiter, Moreau. NeurIPS 2022"
+    regimes: ClassVar[dict[str, tuple[float, float]]] = SOBA_REGIMES
+    two_timescale: ClassVar[bool] = True  # all directions at (x_k, y_k, v_k), applied together
+    hessian_shares_step: ClassVar[bool] = True  # one inner sample i for D_y, D_v and D_x
+
+    def adjoint(self) -> Adjoint:
+        return LinearSystemStep()  # lr = rho_k, the inner step of the same iteration
+
+    def validate(self) -> None:
+        self._check_regime()

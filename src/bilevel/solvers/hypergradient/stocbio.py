@@ -1,0 +1,65 @@
+r"""stocBiO: stochastic bilevel optimizer with a Neumann-series hypergradient (baseline).
+
+Ji, Yang, Liang. "Bilevel Optimization: Convergence Analysis and Enhanced Design." ICML 2021,
+Algorithms 2 and 3. The F2SA paper (Kwon et al., ICML 2023) runs it as "SOBO" with Neumann
+degree Q = 5. A preset of the implicit-gradient family (``solvers/implicit.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from bilevel.solvers.base import IterateState
+from bilevel.solvers.hypergradient.implicit import Adjoint, ImplicitSolver, Neumann
+from bilevel.solvers.registry import register
+
+StocBiOState = IterateState  # x, y (see the class docstring), k, key, counts, outer_state
+
+
+@register("stocbio")
+@dataclasses.dataclass(frozen=True)
+class StocBiO(ImplicitSolver):
+    r"""stocBiO (Ji, Yang, Liang, ICML 2021, Algorithm 2).
+
+    Per iteration k::
+
+        y <- D SGD steps on g(x_k, .) from the previous y (warm start), step lr_inner
+        v  = eta sum_{q=0}^{Q} prod_{j=1}^{q} (I - eta H_j) grad_y f(x_k, y; D_F)   (Alg. 3)
+        x <- Proj_X(x_k - lr_outer [grad_x f(x_k, y; D_F) - (d^2 g/dx dy)(x_k, y; D_G) v])
+
+    with an independent minibatch Hessian H_j = d^2 g/dy^2 (x_k, y; B_j) for every factor
+    (the family's :class:`~bilevel.solvers.hypergradient.implicit.Neumann` strategy with Q + 1 terms).
+
+    Args:
+        lr_outer: x step (alpha), float or schedule.
+        lr_inner: inner SGD step (beta), float or schedule; ``"auto"`` (default) is ``1/L_g``
+            estimated by ``bl.diagnose`` (the paper's beta <= 1/L).
+        batch_size: size of every minibatch (D_F, D_G, B_j and the inner SGD batches).
+        inner_steps: D, inner SGD steps per outer iteration.
+        neumann_steps: Q, the Neumann degree (5 in the F2SA paper's experiment; Q Hessian-vector
+            products per iteration).
+        neumann_lr: eta of the Neumann series, must be below 1/L_g; None = ``lr_inner`` (when it
+            is a float).
+
+    References:
+        Ji, Yang, Liang. "Bilevel Optimization: Convergence Analysis and Enhanced Design."
+        ICML 2021.
+    """
+
+    lr_outer: Any = 0.01
+    lr_inner: Any = "auto"
+    batch_size: int | None = None
+    inner_steps: int = 10
+    neumann_steps: int = 5
+    neumann_lr: float | None = None
+
+    name: ClassVar[str] = "stocbio"
+
+    def validate(self) -> None:
+        if not isinstance(self.neumann_steps, int) or self.neumann_steps < 0:
+            raise ValueError(f"neumann_steps must be an int >= 0, got {self.neumann_steps!r}.")
+        self._check_adjoint_lr("neumann_lr")
+
+    def adjoint(self) -> Adjoint:
+        return Neumann(lr=self._adjoint_lr("neumann_lr"), num_terms=self.neumann_steps + 1)

@@ -1,0 +1,234 @@
+r"""AOBO and FSOBO: the online hypergradient methods of Jia, Wang & Chen (2026).
+
+"Achieving Better Local Regret Bound for Online Non-Convex Bilevel Optimization",
+arXiv:2602.06457 (reference [14] of F2OBO, arXiv:2602.11665). AOBO ("an algorithm with adaptive
+iteration strategy that achieves the optimal regret Omega(1 + V_T) with at most O(T log T) total
+inner-level gradient evaluations") runs gradient descent on y until the inner gradient is small,
+then a fixed number of steps on the linear system of the implicit function theorem, then one
+projected step on x with the implicit hypergradient. FSOBO ("a fully single-loop algorithm whose
+regret bound includes an additional gradient-variation term", regret O(1 + V_T + H_{2,T} +
+E_{2,T})) makes one step of each per round.
+
+What could and could not be checked (spec ``shared/specs/f2obo.md``, "Baselines"): the
+abstract above, the F2OBO paper's Table 1 (AOBO O(T log T) gradient and HVP queries, FSOBO O(T)
+of each), its Appendix A (Experiment 1: AOBO with delta = 0.1, 5 linear-system steps, inner
+step 0.1, outer step 0.001) and its Algorithm 2 (AF2OBO, "building on the adaptive-iteration
+strategy in AOBO [14]": warm start y_{t+1} <- y_t, then ``while ||grad_y g_t(x_t, y_{t+1})|| >
+delta: y_{t+1} <- y_{t+1} - alpha grad_y g_t(x_t, y_{t+1})``). AOBO's own pseudocode was not
+reachable (only the abstract and the first page of arXiv:2602.06457 were), so the round below
+is the spec's [inferred] reading, with AF2OBO's loop for the y part: the order (y, then v at
+the new y, then x at the new y and v), the warm start of v across rounds and the linear-system
+step size are not verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bilevel.core import oracles
+from bilevel.core.oracles import Counts
+from bilevel.core.schedules import round_step_size
+from bilevel.core.tree import tree_axpy, tree_norm, tree_zeros_like
+from bilevel.solvers.base import OuterState
+from bilevel.solvers.common import descend_until, linear_system_hypergradient
+from bilevel.solvers.online.base import OnlineSolver
+from bilevel.solvers.registry import register
+
+PyTree = Any
+
+__all__ = ["AOBO", "FSOBO", "AOBOState"]
+
+
+class AOBOState(NamedTuple):
+    x: PyTree  # x_t, committed for round t
+    y: PyTree  # y_t, committed for round t: the inner iterate, tracks y*_{t-1}(x_{t-1})
+    v: PyTree  # v_t, the adjoint, tracks [d2g_{t-1}/dy2]^{-1} grad_y f_{t-1} at (x_{t-1}, y_t)
+    t: jax.Array  # the round about to be played (int32, from 1)
+    key: jax.Array  # PRNG key
+    counts: Counts  # samples and oracle calls so far
+    outer_state: OuterState  # the outer optimiser's state
+    inner_iterations: jax.Array  # y steps taken in the last round (int32; 0 before round 1)
+    inner_grad_norm: jax.Array  # ||grad_y g_{t-1}|| at the last test (AOBO: at y_t; FSOBO: y_{t-1})
+
+
+@dataclasses.dataclass(frozen=True)
+class _HypergradientRound(OnlineSolver):
+    """The round shared by AOBO and FSOBO: y steps on g_t, ``linear_steps`` steps on the linear
+    system from the previous v, one projected x step with the implicit hypergradient."""
+
+    lr_outer: Any = 0.001
+    lr_inner: Any = 0.1
+    lr_linear: Any = None
+    batch_size: int | None = None
+
+    optional_step_sizes: ClassVar[tuple[str, ...]] = ("lr_linear",)
+    linear_steps: ClassVar[int] = 1  # overridden by AOBO's field
+
+    def init(self, problem, key: jax.Array) -> AOBOState:
+        y0 = problem.y0
+        return AOBOState(
+            **self.first_round(problem, key),
+            v=tree_zeros_like(y0),
+            inner_iterations=jnp.zeros((), jnp.int32),
+            inner_grad_norm=jnp.zeros_like(tree_norm(y0)),
+        )
+
+    def inner_update(self, g, x, y, batch, lr):
+        """``(y_{t+1}, steps, ||grad_y g_t|| at the last test, grad_g calls)``."""
+        raise NotImplementedError
+
+    def round(self, problem, state: AOBOState) -> AOBOState:
+        t, x, K_v = state.t, state.x, self.linear_steps
+        f, g = problem.at_round(t)
+        key, batch_key = jax.random.split(state.key)
+        # inner draw 0: the y loop; 1..K_v: the Hessian products; K_v + 1: the cross term;
+        # outer draw 0: both partials of f (one fused call)
+        mb = self.round_batches(problem, t, batch_key, outer=1, inner=K_v + 2)
+        alpha = round_step_size(self.lr_inner, t)
+        beta = round_step_size(self.lr_inner if self.lr_linear is None else self.lr_linear, t)
+        y, steps, norm, grad_g = self.inner_update(g, x, state.y, mb.inner(0), alpha)
+        v, direction = linear_system_hypergradient(
+            f,
+            g,
+            x,
+            y,
+            state.v,
+            lr=beta,
+            num_steps=K_v,
+            outer_batch=mb.outer(0),
+            hessian_batch=lambda i: mb.inner(1 + i),
+            cross_batch=mb.inner(K_v + 1),
+        )
+        x_new, outer_state = self.outer_step(
+            problem, x, direction, state.outer_state, self.outer_lr(t)
+        )
+        counts = state.counts.add(
+            samples_outer=mb.samples_outer,
+            samples_inner=mb.samples_inner,
+            grad_f=1,
+            grad_g=grad_g,
+            hvp=K_v,
+            cross=1,
+        )
+        return AOBOState(
+            x=x_new,
+            y=y,
+            v=v,
+            t=t + 1,
+            key=key,
+            counts=counts,
+            outer_state=outer_state,
+            inner_iterations=jnp.asarray(steps, jnp.int32),
+            inner_grad_norm=norm,
+        )
+
+    def state_metrics(self, state: AOBOState) -> dict[str, jax.Array]:
+        return {
+            **super().state_metrics(state),
+            "inner_iterations": state.inner_iterations,
+            "inner_grad_norm": state.inner_grad_norm,
+        }
+
+
+@register("aobo")
+@dataclasses.dataclass(frozen=True)
+class AOBO(_HypergradientRound):
+    r"""AOBO (Jia, Wang & Chen, arXiv:2602.06457): adaptive inner iterations, then a fixed
+    number of linear-system steps, then a projected hypergradient step. Round t, at x_t::
+
+        y <- y_t;  while ||grad_y g_t(x_t, y)|| > delta (at most max_inner_steps times):
+                       y <- y - alpha grad_y g_t(x_t, y)
+        y_{t+1} = y
+        v <- v_t;  K_v times:  v <- v - beta (d2g_t/dy2 (x_t, y_{t+1}) v - grad_y f_t(x_t, y_{t+1}))
+        v_{t+1} = v
+        h_t     = grad_x f_t(x_t, y_{t+1}) - d2g_t/dxdy (x_t, y_{t+1}) v_{t+1}
+        x_{t+1} = Proj_X(x_t - gamma h_t)
+
+    with y_1 = y0 and v_1 = 0. The y loop is AF2OBO's (arXiv:2602.11665, Algorithm 2 lines 3-6,
+    which cites AOBO for it); the rest is the spec's [inferred] reading (module docstring).
+
+    Args:
+        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A, Experiment 1: "all algorithms
+            use ... an outer learning rate gamma = 0.001").
+        lr_inner: alpha, default 0.1 (the same sentence: "an inner learning rate alpha = 0.1").
+        lr_linear: beta, the linear-system step; ``None`` (default) = ``lr_inner``. Not reported
+            by either paper for AOBO [inferred: SOBA's tie of the v step to the y step].
+        tolerance: delta of the stopping test, default 0.1 (Experiment 1: "For AOBO, we set
+            delta = 0.1"). A float leaf (no recompilation).
+        max_inner_steps: a static cap on the y loop (the paper has none), default 200; a round
+            that hits it reports ``inner_grad_norm > tolerance``.
+        linear_steps: K_v, default 5 (Experiment 1: "The number of linear-system solving steps
+            for AOBO and SOBOW is set to 5").
+        batch_size: ``None`` (default) = the whole round. With minibatches the y loop runs on
+            one inner batch of the round (so that its stopping test is about one function; a
+            fresh batch per step would rarely pass it), each Hessian product and the cross term
+            on their own inner batch, both partials of f on one outer batch.
+
+    Per-round counts: ``grad_g = K_t + 1`` (K_t the y steps taken, recorded per round as the
+    history metric ``inner_iterations``, with ``inner_grad_norm`` at the stop), ``grad_f = 1``
+    (fused), ``hvp = K_v``, ``cross = 1``; samples ``K_v + 2`` inner and 1 outer batches.
+    """
+
+    tolerance: float = 0.1
+    max_inner_steps: int = 200
+    linear_steps: int = 5
+
+    name: ClassVar[str] = "aobo"
+    paper: ClassVar[str] = "Jia, Wang & Chen, arXiv:2602.06457 (AOBO)"
+    #: the y steps per round vary (``inner_iterations``), so do the per-round oracle counts
+    adaptive: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        name = type(self).__name__
+        if not self.tolerance > 0:
+            raise ValueError(
+                f"{name}(tolerance={self.tolerance!r}) must be > 0: the y loop stops when "
+                "||grad_y g_t|| <= tolerance (Experiment 1 used 0.1)."
+            )
+        for fld in ("max_inner_steps", "linear_steps"):
+            v = getattr(self, fld)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}({fld}={v!r}) must be a positive int.")
+
+    def inner_update(self, g, x, y, batch, lr):
+        def grad(y_, _):  # one batch for the whole loop (see batch_size)
+            return oracles.grad_y(g, x, y_, batch)
+
+        y, steps, norm = descend_until(grad, y, lr, self.tolerance, self.max_inner_steps)
+        return y, steps, norm, steps + 1
+
+
+@register("fsobo")
+@dataclasses.dataclass(frozen=True)
+class FSOBO(_HypergradientRound):
+    r"""FSOBO (Jia, Wang & Chen, arXiv:2602.06457): the fully single-loop variant of AOBO, one
+    y step, one linear-system step (v warm-started) and one x step per round::
+
+        y_{t+1} = y_t - alpha grad_y g_t(x_t, y_t)
+        v_{t+1} = v_t - beta (d2g_t/dy2 (x_t, y_{t+1}) v_t - grad_y f_t(x_t, y_{t+1}))
+        x_{t+1} = Proj_X(x_t - gamma (grad_x f_t(x_t, y_{t+1}) - d2g_t/dxdy (x_t, y_{t+1}) v_{t+1}))
+
+    The spec's [inferred] reading (the paper's pseudocode was not reachable; module docstring):
+    the F2OBO paper's Table 1 gives O(T) gradient and O(T) HVP queries and regret
+    O(1 + V_T + H_{2,T} + E_{2,T}), which one step of each per round matches.
+
+    Args:
+        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A: "all algorithms").
+        lr_inner: alpha, default 0.1 (the same).
+        lr_linear: beta; ``None`` (default) = ``lr_inner`` [inferred, not reported].
+        batch_size: ``None`` = the whole round; else one inner batch each for the y step, the
+            Hessian product and the cross term, one outer batch for both partials of f.
+
+    Per-round counts: ``grad_g = 1``, ``grad_f = 1`` (fused), ``hvp = 1``, ``cross = 1``.
+    """
+
+    name: ClassVar[str] = "fsobo"
+    paper: ClassVar[str] = "Jia, Wang & Chen, arXiv:2602.06457 (FSOBO)"
+
+    def inner_update(self, g, x, y, batch, lr):
+        grad = oracles.grad_y(g, x, y, batch)  # no stopping test: report the norm stepped on
+        return tree_axpy(-lr, grad, y), 1, tree_norm(grad), 1

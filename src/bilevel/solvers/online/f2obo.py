@@ -1,0 +1,235 @@
+r"""F2OBO: the fully first-order online bilevel optimizer (Algorithm 1) and its single loop.
+
+Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
+arXiv:2602.11665 (2026). Spec: ``shared/specs/f2obo.md`` (sections 2 and 5).
+
+At round t the hypergradient of F_t is replaced by the gradient of the penalty surrogate
+L*_t(x) = f_t(x, y*_{lam_t,t}) + lam_t (g_t(x, y*_{lam_t,t}) - g_t(x, y*_t)) (eq. (6)), with
+two warm-started inner sequences: z tracks y*_t(x_t) = argmin_y g_t, y tracks
+y*_{lam_t,t}(x_t) = argmin_y f_t + lam_t g_t and is the committed inner decision. No second
+derivative is evaluated. The multiplier grows, lam_t = lam_1 t^tau, so the bias
+||grad F_t - grad L*_t|| <= D_1 / lam_t (Lemma B.2) vanishes, and the y-step must shrink like
+1/lam_t (spec pitfall 1): beta_t = lr_lagrangian / lam_t.
+
+The x-gradients share F2SA's pieces (``solvers/common.py``: the two inner sequences and the
+penalty x-gradient at detached y, z), with f_t, g_t of the round. SF2OBO (Algorithm 3) will be a
+subclass overriding :meth:`F2OBO.schedule` (its alpha_t, beta_t decays) and the per-round K_t,
+B_t; the minibatch layout below is already Algorithm 3's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bilevel.core.oracles import Counts
+from bilevel.core.schedules import round_step_size
+from bilevel.solvers.base import OuterState
+from bilevel.solvers.common import penalty_inner_loop, penalty_x_gradient
+from bilevel.solvers.online.base import OnlineSolver
+from bilevel.solvers.registry import register
+
+PyTree = Any
+
+__all__ = ["F2OBO", "F2OBOSingleLoop", "F2OBOState", "PenaltyOnlineSolver", "RoundSchedule"]
+
+
+class F2OBOState(NamedTuple):
+    x: PyTree  # x_t, committed for round t
+    y: PyTree  # y_t, the Lagrangian solver: tracks y*_{lam_t,t}(x_t); the committed inner decision
+    z: PyTree  # z_t, the g-solver: tracks y*_t(x_t) = argmin_y g_t(x_t, y)
+    t: jax.Array  # the round about to be played (int32, from 1)
+    key: jax.Array  # PRNG key
+    counts: Counts  # samples and oracle calls so far
+    outer_state: OuterState  # the outer optimiser's state
+
+
+class RoundSchedule(NamedTuple):
+    """The step sizes and multiplier of round t (Algorithm 1's inputs)."""
+
+    lam: jax.Array  # lambda_t = lambda_1 t^tau
+    alpha: jax.Array  # z step on grad_y g_t
+    beta: jax.Array  # y step on grad_y f_t + lam_t grad_y g_t: lr_lagrangian_t / lam_t
+    gamma: jax.Array  # x step
+
+
+@dataclasses.dataclass(frozen=True)
+class PenaltyOnlineSolver(OnlineSolver):
+    """What F2OBO, F2OBO-SL, AF2OBO and SF2OBO share: the step sizes, the multiplier
+    lam_t = lam1 t^tau and the round schedule (:meth:`schedule`). Not registered itself; each
+    subclass writes its own ``round`` (fields documented on :class:`F2OBO`)."""
+
+    lr_outer: Any = 0.001
+    lr_inner: Any = "auto"
+    lr_lagrangian: Any = None
+    batch_size: int | None = None
+    lam1: float = 5.0
+    tau: float = 1.0
+
+    optional_step_sizes: ClassVar[tuple[str, ...]] = ("lr_lagrangian",)
+    #: whether gamma_t decays like t^-tau (Theorem 3.2's single-loop rule) or stays lr_outer
+    outer_decays: ClassVar[bool] = False
+
+    def validate(self) -> None:
+        if not self.lam1 > 0:
+            raise ValueError(f"{type(self).__name__}(lam1={self.lam1!r}) must be > 0.")
+        if not self.tau >= 0:
+            raise ValueError(
+                f"{type(self).__name__}(tau={self.tau!r}) must be >= 0 (lam_t = lam1 t^tau must "
+                "not decrease)."
+            )
+
+    def multiplier(self, t) -> jax.Array:
+        """lambda_t = lambda_1 t^tau (t from 1, possibly traced)."""
+        return self.lam1 * jnp.asarray(t, jnp.result_type(float)) ** self.tau
+
+    def schedule(self, t) -> RoundSchedule:
+        """The multiplier and step sizes of round t."""
+        lam = self.multiplier(t)
+        alpha = round_step_size(self.lr_inner, t)
+        lagrangian = alpha / 2 if self.lr_lagrangian is None else self.lr_lagrangian
+        beta = round_step_size(lagrangian, t) / lam
+        return RoundSchedule(lam=lam, alpha=alpha, beta=beta, gamma=self.outer_lr(t))
+
+    def outer_lr(self, t) -> jax.Array:
+        """gamma_t: ``lr_outer`` (F2OBO), or ``lr_outer t^-tau`` (F2OBO-SL)."""
+        return round_step_size(self.lr_outer, t, self.tau if self.outer_decays else 0.0)
+
+
+@register("f2obo")
+@dataclasses.dataclass(frozen=True)
+class F2OBO(PenaltyOnlineSolver):
+    r"""F2OBO (Jia & Chen, arXiv:2602.11665, Algorithm 1), fixed K inner steps per round.
+
+    Round t, at the committed x_t, from the warm starts y_t, z_t (K steps, independent)::
+
+        z <- z - alpha grad_y g_t(x_t, z)
+        y <- y - beta_t (grad_y f_t(x_t, y) + lam_t grad_y g_t(x_t, y))
+        ghat_t  = grad_x f_t(x_t, y_{t+1})
+                  + lam_t (grad_x g_t(x_t, y_{t+1}) - grad_x g_t(x_t, z_{t+1}))
+        x_{t+1} = Proj_X(x_t - gamma_t ghat_t)
+        lam_{t+1} = (1 + 1/t)^tau lam_t,  i.e. lam_t = lam_1 t^tau
+
+    (the closed form is used: the recursion from lam_1 gives exactly lam_1 t^tau; the paper's
+    product formula has an off-by-one, spec section 2). z_1 = y_1 = y0.
+
+    Args:
+        lr_outer: gamma, the x step (a float, or a schedule of the round t). Default 0.001, the
+            paper's Experiment 1 (Appendix A); Theorem 3.1 asks gamma <= 1/(2 L_F) and a
+            constant that needs unknown constants.
+        lr_inner: alpha, the z step on g_t (a float or a schedule of t). Default ``"auto"``:
+            1/L_g with L_g estimated by ``bl.diagnose`` on round 1 (Theorem 3.1: alpha <=
+            1/L_{g,1}); Experiment 1 used 0.1.
+        lr_lagrangian: the y step times lam_t: beta_t = lr_lagrangian / lam_t, so the y step
+            shrinks like 1/lam_t as Theorem 3.1 requires (beta_t <= 1/(2 lam_t L_{g,1})).
+            Default ``None`` = ``lr_inner / 2``, i.e. beta_t = alpha / (2 lam_t): exactly
+            Theorem 3.1's 1/(2 lam_t L_g) at alpha = 1/L_g. (The paper's experiments tuned beta
+            on a grid and did not report it.)
+        batch_size: minibatch size of every draw from round t's samples (``None`` = the whole
+            round). With minibatches the draws follow Algorithm 3 (SF2OBO): at inner step k one
+            inner batch zeta_k feeds both the z and the y step and one outer batch xi_k the y
+            step; ghat uses a fresh xi and a fresh zeta shared by both g terms.
+        inner_steps: K, the z and y steps per round. Default 5 (Experiment 1); Theorem 3.1 asks
+            K = O(tau log T).
+        lam1: lambda_1, default 5 (Experiments 1 and 2); theory asks lam1 > 2 L_{f,1}/mu_g.
+        tau: the growth exponent of lam_t = lam1 t^tau, default 1 (the experiments): regret
+            O(1 + V_T + H_{2,T}) for tau > 1/2 (Theorem 3.1). tau = 0 keeps lam constant (not
+            covered by the theory).
+
+    Per-round counts: ``grad_f = K + 1``, ``grad_g = 2K + 2``, no second-order calls.
+    """
+
+    inner_steps: int = 5
+
+    name: ClassVar[str] = "f2obo"
+    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Algorithm 1"
+
+    def init(self, problem, key: jax.Array) -> F2OBOState:
+        return F2OBOState(
+            **self.first_round(problem, key),
+            z=problem.y0,
+        )
+
+    def round_plan(self, t) -> tuple[Any, int]:
+        """``(K_t, draws)``: round t's inner steps (F2OBO: the int ``inner_steps``; SF2OBO's
+        theory schedule: a traced K_t) and how many draws per level to prepare (static, at
+        least K_t + 1: draw k < K_t feeds inner step k, draw K_t the hypergradient)."""
+        return self.inner_steps, self.inner_steps + 1
+
+    def round_data(self, problem, t, key: jax.Array, draws: int):
+        """``(f_t, g_t, batches, samples per outer draw, samples per inner draw)`` of round t:
+        the round's functions and ``draws`` draws of ``batch_size`` per level (SF2OBO's growing
+        B_t overrides this)."""
+        f, g = problem.at_round(t)
+        mb = self.round_batches(problem, t, key, outer=draws, inner=draws)
+        return f, g, mb, mb.samples_outer // draws, mb.samples_inner // draws
+
+    def round(self, problem, state: F2OBOState) -> F2OBOState:
+        t, x = state.t, state.x
+        K, num_draws = self.round_plan(t)
+        sched = self.schedule(t)
+        key, batch_key = jax.random.split(state.key)
+        # Algorithm 3's layout: draw k < K feeds inner step k, draw K the hypergradient
+        f, g, mb, per_outer, per_inner = self.round_data(problem, t, batch_key, num_draws)
+
+        def draws(k):  # g at z and g at y on the same zeta_k (Algorithm 3 line 7)
+            return mb.inner(k), mb.outer(k), mb.inner(k)
+
+        y, z = penalty_inner_loop(
+            f,
+            g,
+            x,
+            state.y,
+            state.z,
+            lr_z=sched.alpha,
+            lr_y=sched.beta,
+            lam=sched.lam,
+            num_steps=K,
+            draws=draws,
+        )
+        # line 9: at the old x_t and the new y_{t+1}, z_{t+1}; one zeta for both g terms
+        direction = penalty_x_gradient(
+            f, g, x, y, z, sched.lam, mb.outer(K), mb.inner(K), mb.inner(K)
+        )
+        x_new, outer_state = self.outer_step(problem, x, direction, state.outer_state, sched.gamma)
+        counts = state.counts.add(
+            samples_outer=(K + 1) * per_outer,
+            samples_inner=(K + 1) * per_inner,
+            grad_f=K + 1,
+            grad_g=2 * K + 2,
+        )
+        return F2OBOState(
+            x=x_new, y=y, z=z, t=t + 1, key=key, counts=counts, outer_state=outer_state
+        )
+
+
+@register("f2obo-sl")
+@dataclasses.dataclass(frozen=True)
+class F2OBOSingleLoop(F2OBO):
+    r"""Single-loop F2OBO (Jia & Chen, arXiv:2602.11665, Theorem 3.2): Algorithm 1 with K = 1.
+
+    One z step and one y step per round, with Theorem 3.2's schedules: lam_t = lam1 t^tau with
+    tau in (0, 1/2), the recommended tau = 1/3 the default; gamma_t = lr_outer t^-tau (the
+    theorem's gamma_t ~ 1/(lam_1 t^tau)); beta_t = lr_lagrangian / lam_t with the default
+    lr_lagrangian = lr_inner / 2 giving the theorem's beta_t = 1/(2 lam_t L_g) at
+    lr_inner = 1/L_g. Regret O(T^(1/3) (1 + V_T) + T^(2/3) P_T) at tau = 1/3 (eq. (8)).
+    ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1).
+    """
+
+    inner_steps: int = 1
+    tau: float = 1 / 3
+
+    name: ClassVar[str] = "f2obo-sl"
+    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Theorem 3.2"
+    outer_decays: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.inner_steps != 1:
+            raise ValueError(
+                f"F2OBOSingleLoop(inner_steps={self.inner_steps}) must be 1: F2OBO-SL is the "
+                "single-loop variant; use 'f2obo' for K > 1 inner steps."
+            )

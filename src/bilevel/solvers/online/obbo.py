@@ -1,0 +1,138 @@
+r"""OBBO and SOBBO: online Bregman bilevel optimizers with ITD hypergradients (baselines).
+
+Bohne, Rosenberg, Kazantsev, Polak. "Online Nonconvex Bilevel Optimization with Bregman
+Divergences." arXiv:2409.10470 (2024). Spec ``shared/specs/f2obo.md``, "Baselines": the F2OBO
+paper runs OBBO in its Experiment 1 (K = 5) and SOBBO in its Experiment 2 (w = 50, K = 5),
+and describes OBBO as using "iterative differentiation (ITD) to compute hypergradients".
+
+Round t, from the warm start y_t::
+
+    y_t^{k+1} = y_t^k - alpha grad_y g_t(x_t, y_t^k; zeta_k),   k < K   (y_{t+1} = y_t^K)
+    h_t       = d/dx f_t(x, y_t^K(x); xi) at x_t                      (ITD: reverse mode)
+    x_{t+1}   = argmin_{u in X} <(1/W) sum_{i<w} eta^i h_{t-i}, u> + D_phi(u, x_t) / gamma
+
+With the Euclidean divergence D_phi(u, x) = ||u - x||^2 / 2 the Bregman step is the projected
+step Proj_X(x_t - gamma avg_t), which is what is implemented (``self.outer_step``); other
+mirror maps (an entropy on the simplex, a scaled norm) are not offered. SOBBO's
+"weighted average of recent stochastic approximations of hypergradients", which the abstract
+says obviates "additional stochastic gradient samples at each timestep", is read as the
+average of the *stored* estimates h_{t-i} made at rounds t - i (``online_window.Window``),
+weighed like SOBOW's window (eta^i / W); OBBO is the same round with w = 1.
+
+Not verified against the paper's pseudocode (its algorithm pages could not be read here): the
+exact weights of SOBBO's average (eta^i / W is SOBOW's), whether OBBO's inner loop is warm
+started (it is here, as in every online baseline), and the per-round K (the theory's
+K = O(log T) for OBBO, O(log w) for SOBBO; the experiments' K = 5 is the default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+
+from bilevel.core.oracles import Counts
+from bilevel.core.schedules import round_step_size
+from bilevel.solvers.base import OuterState
+from bilevel.solvers.common import Levels
+from bilevel.solvers.hypergradient.itd import unrolled_hypergradient
+from bilevel.solvers.online.base import OnlineSolver
+from bilevel.solvers.online.window import Window, check_window
+from bilevel.solvers.registry import register
+
+PyTree = Any
+
+__all__ = ["OBBO", "SOBBO", "OBBOState"]
+
+
+class OBBOState(NamedTuple):
+    x: PyTree  # x_t, committed for round t
+    y: PyTree  # y_t, the inner decision: K GD steps on g_{t-1} from y_{t-1}
+    t: jax.Array  # the round about to be played (int32, from 1)
+    key: jax.Array  # PRNG key
+    counts: Counts  # samples and oracle calls so far
+    outer_state: OuterState  # the outer optimiser's state
+    window: Window  # the ITD hypergradient estimates h_{t-1}, ..., h_{t-w} of the last w rounds
+
+
+@register("obbo")
+@dataclasses.dataclass(frozen=True)
+class OBBO(OnlineSolver):
+    r"""OBBO (Bohne et al., arXiv:2409.10470): a Euclidean Bregman (projected) x step along the
+    ITD hypergradient through K warm-started inner GD steps (module docstring).
+
+    Args:
+        lr_outer: gamma, the x step (float or schedule of t). Default 0.001 (F2OBO paper,
+            Experiment 1, "all algorithms").
+        lr_inner: alpha, the inner GD step, also the step of the unrolled map. Default 0.1
+            (the same experiment); ``"auto"`` = 1/L_g of round 1.
+        batch_size: minibatch size of every draw (``None`` = the whole round): unrolled step k
+            uses its own inner batch zeta_k, the hypergradient one outer batch xi.
+        inner_steps: K, unrolled GD steps per round. Default 5 (F2OBO Experiment 1).
+        window: w, hypergradient estimates averaged (static). Default 1 (OBBO: no average).
+        eta: lag i weighs eta^i / W. Default 1.0 (a plain average).
+        window_start: ``"zeros"`` (missing rounds t - i < 1 count as zero, W = sum of all w
+            weights) or ``"renormalize"`` (W over the rounds present); see
+            ``bilevel.solvers.online.window``.
+
+    Per-round counts (ITD): ``grad_f = 1``, ``grad_g = K``, ``hvp = K``, ``cross = K``;
+    samples: K inner draws and 1 outer draw.
+    """
+
+    lr_outer: Any = 0.001
+    lr_inner: Any = 0.1
+    batch_size: int | None = None
+    inner_steps: int = 5
+    window: int = 1
+    eta: float = 1.0
+    window_start: str = "zeros"
+
+    name: ClassVar[str] = "obbo"
+    paper: ClassVar[str] = "Bohne, Rosenberg, Kazantsev, Polak, arXiv:2409.10470 (2024)"
+
+    def validate(self) -> None:
+        check_window(self)
+
+    def init(self, problem, key: jax.Array) -> OBBOState:
+        return OBBOState(
+            **self.first_round(problem, key),
+            window=Window.zeros(problem.x0, self.window),
+        )
+
+    def round(self, problem, state: OBBOState) -> OBBOState:
+        t, K = state.t, self.inner_steps
+        key, batch_key = jax.random.split(state.key)
+        mb = self.round_batches(problem, t, batch_key, outer=1, inner=K)
+        lr = round_step_size(self.lr_inner, t)
+        h, y = unrolled_hypergradient(Levels(*problem.at_round(t)), mb, state.x, state.y, lr, K)
+        window = state.window.push(h, t)
+        direction = window.average(t, self.eta, self.window_start)
+        x, outer_state = self.outer_step(
+            problem, state.x, direction, state.outer_state, self.outer_lr(t)
+        )
+        counts = state.counts.add(
+            samples_outer=mb.samples_outer,
+            samples_inner=mb.samples_inner,
+            grad_f=1,
+            grad_g=K,
+            hvp=K,
+            cross=K,
+        )
+        return OBBOState(x, y, t + 1, key, counts, outer_state, window)
+
+
+@register("sobbo")
+@dataclasses.dataclass(frozen=True)
+class SOBBO(OBBO):
+    r"""SOBBO (Bohne et al., arXiv:2409.10470): OBBO on minibatches with the x step along the
+    window average of the last w stored stochastic ITD hypergradients (module docstring).
+
+    Defaults from the F2OBO paper's Experiment 2: window w = 50, K = 5, alpha = 0.1,
+    gamma = 0.001 (its batch of 256 per round is the stream's; ``batch_size=None`` takes the
+    whole round). Per-round counts as OBBO's: one ITD estimate per round, none re-evaluated.
+    """
+
+    window: int = 50
+
+    name: ClassVar[str] = "sobbo"

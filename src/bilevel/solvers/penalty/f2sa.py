@@ -1,0 +1,268 @@
+r"""F2SA: fully first-order stochastic approximation for bilevel problems (Algorithm 1).
+
+Kwon, Kwon, Wright, Nowak. "A Fully First-Order Method for Stochastic Bilevel Optimization."
+ICML 2023 (arXiv:2301.10945). Spec: ``shared/specs/f2sa.md``.
+
+The hypergradient is replaced by the gradient of the penalty surrogate (Lemma 3.1)
+
+    grad L*_lam(x) = grad_x f(x, y*_lam) + lam (grad_x g(x, y*_lam) - grad_x g(x, y*)),
+
+with ``y`` tracking ``y*_lam(x) = argmin_y f + lam g`` and ``z`` tracking ``y*(x) = argmin_y g``,
+both by plain stochastic gradient steps. No second derivative is ever evaluated. The bias is
+``||grad F - grad L*_lam|| <= C_lam / lam``, so ``lam_k`` grows polynomially.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from bilevel.core.oracles import Counts
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.schedules import step_size
+from bilevel.solvers.base import OuterState, Solver
+from bilevel.solvers.common import penalty_inner_loop, penalty_x_gradient
+from bilevel.solvers.registry import register
+
+PyTree = Any
+
+#: Corollary 4.2 exponents (a, c) of alpha_k ~ k^-a and gamma_k ~ k^-c, by noise regime;
+#: lam_k grows as k^(a - c). "constant" is the practical variant of Sec. 4.4: "we can set
+#: lambda_k := lambda constant at all iterations and choose more aggressive step-sizes, e.g.,
+#: alpha_k ~ k^(-1/2), gamma_k ~ k^(-1/2)", which converges faster to a point biased by
+#: O(1/lambda) in grad F (Lemma 3.1). a = c makes lam_k = lam0 for every k. Fixed steps AND
+#: fixed lam (not in the paper) are ``a=0.0, c=0.0``.
+F2SA_REGIMES: dict[str, tuple[float, float]] = {
+    "stochastic": (5 / 7, 4 / 7),  # (a) sigma_f, sigma_g > 0
+    "outer-noise": (3 / 5, 2 / 5),  # (b) sigma_f > 0, sigma_g = 0
+    "deterministic": (1 / 3, 0.0),  # (c)
+    "constant": (1 / 2, 1 / 2),  # Sec. 4.4: lam_k = lam0, alpha_k, gamma_k ~ k^(-1/2)
+}
+
+
+def resolve_regime(regime: str, problem: BilevelProblem, batch_size: int | None) -> str:
+    """``"auto"``: the regime matching the problem's noise (full batches count as exact)."""
+    if regime != "auto":
+        return regime
+    noisy_outer = problem.outer_data is not None and batch_size is not None
+    noisy_inner = problem.inner_data is not None and batch_size is not None
+    if noisy_inner:
+        return "stochastic"
+    return "outer-noise" if noisy_outer else "deterministic"
+
+
+class PenaltySchedule(NamedTuple):
+    """Step sizes of iteration k (eqs. (5)-(7) closed forms, spec section 3.4)."""
+
+    gamma: jax.Array  # z step (plain lower level)
+    alpha: jax.Array  # y step on the f part; y step on the g part is alpha * lam = beta
+    lam: jax.Array  # penalty multiplier lambda_k
+    outer: jax.Array  # x step xi * alpha_k
+
+
+def penalty_schedule(
+    k,
+    *,
+    lr_outer,
+    lr_inner,
+    lam0: float,
+    a: float,
+    c: float,
+    k0: float,
+    lam_ratio: float,
+    lagged: bool,
+) -> PenaltySchedule:
+    """Step sizes of iteration k: gamma_k, alpha_k, lam_k = gamma_k / (r alpha_k) and the x step.
+
+    gamma_k = gamma_0 (k0/(k+k0))^c and alpha_k = alpha_0 (k0/(k+k0))^a (eq. (7), Corollary 4.2;
+    both by :func:`bilevel.core.schedules.step_size`).
+
+    ``r = lam_ratio`` is 2 for F2SA (eq. (6): lam_k = gamma_k / (2 alpha_k)) and 1 for F3SA
+    (eq. (9b)). With ``alpha_0 = gamma_0 / (r lam0)`` this is lam_k = lam0 ((k+k0)/k0)^(a-c)
+    (eq. (28), with B.5's stray factor 2 removed). ``lagged=True`` is the update
+    lam_{k+1} = lam_k + delta_k with delta_k = gamma_k / (r alpha_k) - lam_k: literally (9b) for
+    F3SA, and (6) for F2SA with the min's other term (T mu_g / 16) alpha_k lam_k^2 dropped
+    (Appendix B.5 shows it is never the smaller one for T >= 32). So lam_1 = lam_0 and
+    lam_{k+1} = gamma_k / (r alpha_k) (a one-step lag), while alpha_k keeps its power law.
+    The x step is xi * alpha_k; we parametrise it by its initial value ``lr_outer`` = xi alpha_0.
+    Callable ``lr_outer`` / ``lr_inner`` replace the power laws for x / z (lam stays as above).
+    """
+    kf = jnp.asarray(k, dtype=jnp.result_type(float))
+    # the power laws of Corollary 4.2 (schedules get k as a float, as they always have here)
+    gamma = step_size(lr_inner, kf, c, k0)
+    lam_closed = lam0 * ((kf + k0) / k0) ** (a - c)
+    # alpha_k = gamma_k / (r lam_k): the closed form; for power laws it is alpha_0 (k0/(k+k0))^a,
+    # which is also the alpha_k of the lagged rule (only lam lags there).
+    alpha = gamma / (lam_ratio * lam_closed)
+    if lagged:
+        lam = lam0 * ((jnp.maximum(kf - 1.0, 0.0) + k0) / k0) ** (a - c)
+    else:
+        lam = lam_closed
+    outer = step_size(lr_outer, kf, a, k0)
+    return PenaltySchedule(gamma=gamma, alpha=alpha, lam=lam, outer=outer)
+
+
+class F2SAState(NamedTuple):
+    x: PyTree  # upper iterate x_k
+    y: PyTree  # penalised lower iterate, tracks y*_lam(x) = argmin_y f + lam g
+    z: PyTree  # plain lower iterate, tracks y*(x) = argmin_y g
+    k: jax.Array  # iteration count
+    key: jax.Array  # PRNG key
+    counts: Counts  # samples and oracle calls so far
+    outer_state: OuterState  # the outer optimiser's state
+
+
+@register("f2sa")
+@dataclasses.dataclass(frozen=True)
+class F2SA(Solver):
+    r"""F2SA (Kwon et al., ICML 2023, Algorithm 1), with the schedules of eqs. (5)-(7).
+
+    Per iteration k, with fresh minibatches for every oracle::
+
+        for t < T:  z <- z - gamma_k grad_y g(x_k, z)
+                    y <- y - alpha_k (grad_y f(x_k, y) + lam_k grad_y g(x_k, y))
+        x <- Proj_X(x_k - xi alpha_k [grad_x f(x_k, y)
+                                      + lam_k (grad_x g(x_k, y) - grad_x g(x_k, z))])
+        lam_{k+1} = lam_0 ((k + 1 + k0)/k0)^(a - c)
+
+    The x-gradients are taken at the old x_k and the new y, z (spec pitfall 3). The paper is
+    unconstrained; with ``x_set`` the x step is projected (a projected-gradient extension).
+    ``solve`` reports ``z`` as the estimate of ``y*(x)`` (``y`` is pulled toward f).
+
+    Args:
+        lr_outer: initial x step ``xi * alpha_0`` (then ``* (k0/(k+k0))^a``), or a schedule.
+        lr_inner: initial z step ``gamma_0`` (then ``* (k0/(k+k0))^c``), or a schedule. The y step
+            on the g part is ``beta_k = alpha_k lam_k = gamma_k / 2``. Theory (3a) asks
+            ``gamma_k <= 1/(4 L_g)``; the default ``"auto"`` is ``1/L_g`` (estimated by
+            ``bl.diagnose``), stable on every test problem here.
+        batch_size: minibatch size of every oracle (None = full data).
+        inner_steps: T, inner steps per outer iteration. Eq. (5) asks T >= 32 for the proof's
+            constants; 10 is the practical default (the spec's sanity check uses 5).
+        lam0: lambda_0; should be >= 2 l_{f,1}/mu_g (eq. (7)) so f + lam g is strongly convex.
+        regime: exponents (a, c) of Corollary 4.2: "stochastic" (5/7, 4/7), "outer-noise"
+            (3/5, 2/5), "deterministic" (1/3, 0), "constant" (1/2, 1/2: Sec. 4.4's constant
+            lam = lam0 with alpha_k, gamma_k ~ k^(-1/2)), or "auto" (by the problem's noise).
+            ``a``, ``c`` override it (``a=0.0, c=0.0``: fixed steps and lam, not in the paper).
+        k0: offset k_0 of the power laws (eq. (7) gives a large theoretical value).
+        lam_rule: "closed" (lam_k = gamma_k/(2 alpha_k), B.5) or "lagged" (eq. (6) as an
+            update, lam_{k+1} = gamma_k/(2 alpha_k), so lam_1 = lam_0; see
+            :func:`penalty_schedule`).
+        shared_x_sample: use one minibatch for grad_x g at y and z (Appendix C; less variance)
+            instead of Algorithm 1's two independent ones.
+
+    References:
+        Kwon, Kwon, Wright, Nowak. "A Fully First-Order Method for Stochastic Bilevel
+        Optimization." ICML 2023.
+
+    Assumptions: g(x, .) strongly convex; f, g smooth (A1-A5 of the paper).
+    """
+
+    lr_outer: Any = 0.01
+    lr_inner: Any = "auto"
+    batch_size: int | None = None
+    inner_steps: int = 10
+    lam0: float = 10.0
+    regime: str = "auto"
+    a: float | None = None
+    c: float | None = None
+    k0: float = 100.0
+    lam_rule: str = "closed"
+    shared_x_sample: bool = False
+
+    name: ClassVar[str] = "f2sa"
+    lam_ratio: ClassVar[float] = 2.0  # lam_k = gamma_k / (2 alpha_k), eq. (6)
+    auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static
+
+    def validate(self) -> None:
+        if self.regime != "auto" and self.regime not in F2SA_REGIMES:
+            raise ValueError(
+                f"{type(self).__name__}(regime={self.regime!r}) is unknown; use 'auto' or one of "
+                f"{sorted(F2SA_REGIMES)}."
+            )
+        if self.lam_rule not in ("closed", "lagged"):
+            raise ValueError(f"lam_rule must be 'closed' or 'lagged', got {self.lam_rule!r}.")
+        if not self.lam0 > 0:
+            raise ValueError(f"lam0 must be > 0, got {self.lam0}.")
+        if not self.k0 > 0:
+            raise ValueError(f"k0 must be > 0, got {self.k0}.")
+        a, c = self.a, self.c
+        if a is not None and c is not None and a < c:
+            raise ValueError(
+                f"need a >= c so that lam_k = O(k^(a-c)) does not decay; got a={a}, c={c}."
+            )
+
+    def exponents(self, problem: BilevelProblem) -> tuple[float, float]:
+        a, c = F2SA_REGIMES[resolve_regime(self.regime, problem, self.batch_size)]
+        return (a if self.a is None else self.a), (c if self.c is None else self.c)
+
+    def schedule(self, problem: BilevelProblem, k) -> PenaltySchedule:
+        a, c = self.exponents(problem)
+        return penalty_schedule(
+            k,
+            lr_outer=self.lr_outer,
+            lr_inner=self.lr_inner,
+            lam0=self.lam0,
+            a=a,
+            c=c,
+            k0=self.k0,
+            lam_ratio=self.lam_ratio,
+            lagged=self.lam_rule == "lagged",
+        )
+
+    def init(self, problem: BilevelProblem, key: jax.Array) -> F2SAState:
+        return F2SAState(
+            x=problem.x0,
+            y=problem.y0,
+            z=problem.y0,
+            k=jnp.zeros((), jnp.int32),
+            key=key,
+            counts=Counts.zeros(),
+            outer_state=self.outer_init(problem.x0),
+        )
+
+    def output(self, state: F2SAState):
+        return state.x, state.z
+
+    def step(self, problem: BilevelProblem, state: F2SAState) -> F2SAState:
+        f, g = problem.outer, problem.inner
+        sched = self.schedule(problem, state.k)
+        x, T = state.x, self.inner_steps
+        key, batch_key = jax.random.split(state.key)
+        n_x_inner = 1 if self.shared_x_sample else 2
+        # Algorithm 1: a fresh sample for every oracle. Outer draws: T for h_fy, 1 for h_fx.
+        # Inner draws: 2 per inner step (h_gz, h_gy), then 1 or 2 for h_gxy, h_gxz.
+        mb = self.minibatches(problem, batch_key, outer=T + 1, inner=2 * T + n_x_inner)
+
+        def draws(t):  # inner step t: g at z, f at y, g at y, each its own sample
+            return mb.inner(2 * t), mb.outer(t), mb.inner(2 * t + 1)
+
+        y, z = penalty_inner_loop(
+            f,
+            g,
+            x,
+            state.y,
+            state.z,
+            lr_z=sched.gamma,
+            lr_y=sched.alpha,
+            lam=sched.lam,
+            num_steps=T,
+            draws=draws,
+        )
+        # Eq. (10): x-gradients at the old x_k and the new y_{k+1}, z_{k+1}.
+        direction = penalty_x_gradient(
+            f, g, x, y, z, sched.lam, mb.outer(T), mb.inner(2 * T), mb.inner(2 * T + n_x_inner - 1)
+        )
+        x_new, outer_state = self.outer_step(problem, x, direction, state.outer_state, sched.outer)
+
+        counts = state.counts.add(
+            samples_outer=mb.samples_outer,
+            samples_inner=mb.samples_inner,
+            grad_f=T + 1,
+            grad_g=2 * T + 2,
+        )
+        return F2SAState(
+            x=x_new, y=y, z=z, k=state.k + 1, key=key, counts=counts, outer_state=outer_state
+        )
