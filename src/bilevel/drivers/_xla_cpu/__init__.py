@@ -14,7 +14,7 @@ import jax
 from bilevel.drivers._xla_cpu import wide_dots
 from bilevel.drivers.cpu_rewrites import CpuRewrites
 
-__all__ = ["applies", "rewrite"]
+__all__ = ["applies", "rewrite", "compile_step"]
 
 
 def applies(options: CpuRewrites, mesh=None) -> bool:
@@ -27,3 +27,10 @@ def rewrite(fn: Callable, options: CpuRewrites) -> Callable:
     names applied to its jaxpr. (Skeleton: the sub-rewrites still read their environment
     variables.)"""
     return wide_dots.keep_wide_dots(fn)
+
+
+def compile_step(raw: Callable, options: CpuRewrites, args: tuple, mesh=None, **jit_kwargs):
+    """``jax.jit(raw, **jit_kwargs).lower(*args).compile()``, with ``raw`` rewritten as
+    ``options`` say where :func:`applies` (skeleton: no fallback on failure yet)."""
+    fn = rewrite(raw, options) if applies(options, mesh) else raw
+    return jax.jit(fn, **jit_kwargs).lower(*args).compile()
