@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 
 import bilevel as bl
-import bilevel.core.sampling  # noqa: F401  (bl.sampling)
 import bilevel.data  # noqa: F401  (bl.data)
 from bilevel.core import sampling
+from bilevel.drivers import programs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory import cleaning  # noqa: E402
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument(
         "--problem", choices=("quadratic", "small", "cleaning"), default="quadratic"
     )
-    parser.add_argument("--sampling", choices=bl.sampling.SCHEMES, default="iid")
+    parser.add_argument("--sampling", choices=sampling.SCHEMES, default="iid")
     parser.add_argument(
         "--floor-only", action="store_true", help="only solver/floor (no seeds, no end to end)"
     )
@@ -153,7 +153,7 @@ def main() -> None:
         walls: dict[str, list[float]] = {"1 seed": [], "10 seeds": []}
         for _ in range(args.e2e_repeats):  # alternated, like paired_times
             for label, seeds in (("1 seed", None), ("10 seeds", list(range(10)))):
-                bl.run._COMPILED.clear()
+                programs.clear_cache()
                 t0 = time.perf_counter()
                 bl.solve(
                     problem,

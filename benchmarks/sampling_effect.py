@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import bilevel as bl
+from bilevel.core import sampling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import paired_times, solver_chunk  # noqa: E402
@@ -40,7 +41,7 @@ def main() -> None:
     print(header + "\n" + "-" * len(header))
     for name in args.solvers:
         finals, chunks = {}, {}
-        for scheme in bl.sampling.SCHEMES:
+        for scheme in sampling.SCHEMES:
             problem = base.replace(sampling=scheme)
             solver = bl.solvers.make(name, batch_size=args.batch, lr_outer=0.05)
             res = bl.solve(

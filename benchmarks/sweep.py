@@ -17,7 +17,7 @@ The issue's 5x holds once compilation is amortised, not at 2000 steps: the sweep
 ~1.3 s of its 2.1 s compiling its three programs (init, chunk, evaluation; the loop compiles
 its own once too) and ~0.7 s computing 160,000 point-steps at ~4.2 us each, against ~20 us per
 step for a lone seed plus ~40 ms of Python per ``solve`` call. Before the grid points shared
-each seed's PRNG key (``run.grid_axes``: one minibatch gather per seed, the points' oracles on
+each seed's PRNG key (``grid.grid_axes``: one minibatch gather per seed, the points' oracles on
 one shared batch) the sweep took 4.75 s at 2000 steps (1.6x).
 """
 
@@ -28,7 +28,8 @@ import itertools
 import time
 
 import bilevel as bl
-from bilevel.drivers import run
+from bilevel.drivers import programs
+from bilevel.drivers.checks import CONVEXITY_PROBE
 
 GRID = {"lr_outer": [0.002, 0.005, 0.01, 0.02], "lr_inner": [0.02, 0.05, 0.1, 0.2]}
 SEEDS = range(5)
@@ -36,7 +37,7 @@ SEEDS = range(5)
 
 def time_sweep(problem, steps: int, every: int, cold: bool = True, devices=None) -> float:
     if cold:
-        run._COMPILED.clear()
+        programs.clear_cache()
     t0 = time.perf_counter()
     bl.sweep(
         problem,
@@ -53,7 +54,7 @@ def time_sweep(problem, steps: int, every: int, cold: bool = True, devices=None)
 
 
 def time_loop(problem, steps: int, every: int) -> float:
-    run._COMPILED.clear()
+    programs.clear_cache()
     t0 = time.perf_counter()
     for lr_outer, lr_inner in itertools.product(*GRID.values()):
         solver = bl.solvers.make("f2sa", lr_outer=lr_outer, lr_inner=lr_inner, batch_size=32)
@@ -75,7 +76,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     problem = bl.problems.quadratic(dx=5, dy=10, stochastic=True, n_samples=500)
-    bl.diagnose(problem, warn=False, **run.CONVEXITY_PROBE)  # cached probe: not in either time
+    bl.diagnose(problem, warn=False, **CONVEXITY_PROBE)  # cached probe: not in either time
     print("16 points x 5 seeds of F2SA; times in seconds, compilation included")
     print(f"{'steps':>7} {'sweep':>8} {'(compiled)':>11} {'loop of 80':>11} {'loop/sweep':>11}")
     for steps in args.steps:

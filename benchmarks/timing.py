@@ -13,8 +13,8 @@ from bilevel import oracles
 from bilevel.core import sampling
 from bilevel.core import sharding as parallel
 from bilevel.core.tree import tree_axpy
-from bilevel.drivers._xla_cpu import wide_dots
-from bilevel.drivers.run import _compiled, _init_states
+from bilevel.drivers import _xla_cpu, programs
+from bilevel.drivers.cpu_rewrites import CpuRewrites
 
 
 def best_time(fn, *args, repeats: int) -> float:
@@ -48,11 +48,11 @@ def paired_times(a, b, repeats: int) -> tuple[float, float, float]:
 def solver_chunk(problem, solver, steps, seeds, mesh=None):
     """The compiled chunk ``bl.solve`` runs, as a zero-argument thunk running it once, and its
     starting state; with ``mesh``, as ``bl.solve(mesh=...)`` runs it (data on the mesh)."""
-    batched = seeds > 1
     problem = parallel.replicate(problem, mesh)
-    state = _init_states(solver, problem, list(range(seeds)), batched, mesh=mesh)
-    chunk = _compiled("chunk", solver, problem, state, steps, batched, mesh=mesh)
-    return (lambda: chunk(problem, state)), state
+    state = programs.init_states(solver, problem, list(range(seeds)), mesh=mesh)
+    chunk = programs.compile_chunk(solver, problem, state, steps, mesh=mesh)
+    start = state if seeds > 1 else jax.tree.map(lambda a: a[0], state)  # one seed: no axis
+    return (lambda: chunk(problem, state)), start
 
 
 def per_step_calls(problem, solver, state):
@@ -136,7 +136,8 @@ def floor_program(problem, calls, draws_out, draws_in, batch_size, steps, seeds=
     if seeds > 1:
         run = jax.vmap(run)
     # compiled as bl.solve compiles a chunk, so the ratio compares the same kernels
-    return jax.jit(wide_dots.keep_wide_dots(run) if wide_dots.enabled() else run)
+    options = CpuRewrites.default()
+    return jax.jit(_xla_cpu.rewrite(run, options) if _xla_cpu.applies(options) else run)
 
 
 def floor_seed_ratio(problem, solver, state, batch_size, steps, seeds, repeats):

@@ -48,6 +48,7 @@ import numpy as np
 
 import bilevel as bl
 import bilevel.data  # noqa: F401  (bl.data: the Fashion-MNIST loader)
+from bilevel.core import sampling
 from bilevel.problems.models import softmax_cross_entropy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -227,7 +228,7 @@ def check_same_functions(pb_inner, pb_outer, problem, batch: int) -> float:
         (pb_inner, problem.inner, problem.inner_data),
         (pb_outer, problem.outer, problem.outer_data),
     ):
-        rows = bl.sampling.split_rows(jax.tree.map(lambda a: a[:batch], data), problem.batch_chunks)
+        rows = sampling.split_rows(jax.tree.map(lambda a: a[:batch], data), problem.batch_chunks)
         theirs = float(fn(y, x, start=0, batch_size=batch))  # benchopt: (inner, outer) order
         mine = float(ours(x, _our_layout(problem, y), rows))
         gaps.append(abs(theirs - mine) / max(abs(theirs), 1e-30))

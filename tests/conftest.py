@@ -29,8 +29,8 @@ def _release_compiled_programs():
     whole suite crossed Linux's default vm.max_map_count (65,530), after which LLVM's JIT
     segfaulted while compiling (seen 2026-11-24 in test_solvers_battery)."""
     yield
-    from bilevel.drivers import run
+    from bilevel.drivers import programs
 
-    run._COMPILED.clear()
+    programs.clear_cache()
     jax.clear_caches()
     gc.collect()

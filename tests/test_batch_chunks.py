@@ -176,7 +176,7 @@ def test_checkpoint_fingerprint_sees_the_parts_and_the_users_function(tmp_path):
     """A resumed run with parts ends as the uninterrupted one; the fingerprint names the part
     count and hashes the user's own functions (not the ChunkMean view around them)."""
     from bilevel.core.problem import users_function
-    from bilevel.drivers.run import _signature
+    from bilevel.drivers.checkpoints import signature as _signature
 
     problem, solver = _stochastic(batch_chunks=2), bl.solvers.make("f2sa", batch_size=20)
     args = dict(seed=0, progress=False, eval_every=5)

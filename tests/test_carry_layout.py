@@ -1,4 +1,4 @@
-"""bilevel.drivers._xla_cpu.carry_layout (through wide_dots.keep_wide_dots): loops carry narrow weight matrices
+"""``_xla_cpu.carry_layout`` (through ``_xla_cpu.rewrite``): loops carry narrow weight matrices
 transposed where their updates are elementwise in the transposed gradient; values unchanged;
 carries that would need a transpose every step, or that a loop condition reads, stay as they
 are."""
@@ -6,13 +6,12 @@ are."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from test_wide_dots import _cleaning_like_problem, _cross_entropy
+from test_wide_dots import _cleaning_like_problem, _cross_entropy, keep
 from test_wide_dots import _data as linear_layer_data
 
 import bilevel as bl
-from bilevel.drivers import run
-from bilevel.drivers._xla_cpu import carry_layout, wide_dots
+from bilevel.drivers._xla_cpu import carry_layout, carry_loops
+from bilevel.drivers.cpu_rewrites import CpuRewrites
 
 D, C, B = 256, 8, 16  # a narrow (D, C) weight matrix: C <= 16 columns, D >= 8 C, D C >= 2048
 
@@ -47,17 +46,12 @@ def _loop_carries(fn, *args) -> list[list[tuple[int, ...]]]:
     return found
 
 
-@pytest.fixture
-def transposing(monkeypatch):
-    monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", "1")
-
-
 def _same(rewritten, program, *args):
     for got, want in zip(jax.jit(rewritten)(*args), jax.jit(program)(*args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
-def test_a_narrow_weight_matrix_is_carried_transposed_by_gradient_steps(transposing):
+def test_a_narrow_weight_matrix_is_carried_transposed_by_gradient_steps():
     X, labels, W = _data()
     grad = jax.grad(_loss)
 
@@ -65,13 +59,13 @@ def test_a_narrow_weight_matrix_is_carried_transposed_by_gradient_steps(transpos
         W = jax.lax.fori_loop(0, 3, lambda i, W: W - 0.1 * grad(W, X, labels), W)
         return (W,)
 
-    rewritten = wide_dots.keep_wide_dots(program)
+    rewritten = keep(program)
     assert _loop_carries(program, W) == [[(), (D, C)]]
     assert _loop_carries(rewritten, W) == [[(), (C, D)]]  # (counter, W^T)
     _same(rewritten, program, W)
 
 
-def test_vectors_sums_nested_loops_and_calls(transposing):
+def test_vectors_sums_nested_loops_and_calls():
     """benchopt's layout: y a vector the loss reshapes; a Neumann-like loop with a running sum
     (carried transposed because its next value is, once the iterate is); the loops inside a
     jitted call inside an outer scan, which then carries y transposed too."""
@@ -98,15 +92,15 @@ def test_vectors_sums_nested_loops_and_calls(transposing):
     flat = [(D * C,)]
     assert _loop_carries(program, y0) == [flat, [(), *flat], flat * 2]
     transposed = [(C, D)]
-    assert _loop_carries(wide_dots.keep_wide_dots(program), y0) == [
+    assert _loop_carries(keep(program), y0) == [
         transposed,
         [(), *transposed],
         transposed * 2,
     ]
-    _same(wide_dots.keep_wide_dots(program), program, y0)
+    _same(keep(program), program, y0)
 
 
-def test_what_would_need_a_transpose_each_step_stays(transposing, monkeypatch):
+def test_what_would_need_a_transpose_each_step_stays():
     X, labels, W = _data()
     grad = jax.grad(_loss)
     mix = jnp.eye(C) + 0.01
@@ -126,12 +120,12 @@ def test_what_would_need_a_transpose_each_step_stays(transposing, monkeypatch):
         return (jax.lax.fori_loop(0, 2, lambda i, w: w - 0.1 * jax.grad(loss)(w), w),)
 
     for program in (right_product, read_by_condition, small):
-        rewritten = wide_dots.keep_wide_dots(program)
+        rewritten = keep(program)
         assert _loop_carries(rewritten, W) == _loop_carries(program, W), program.__name__
         _same(rewritten, program, W)
-    monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", "0")
     plain = lambda W: (jax.lax.fori_loop(0, 2, lambda i, W: W - grad(W, X, labels), W),)  # noqa: E731
-    assert _loop_carries(wide_dots.keep_wide_dots(plain), W) == [[(), (D, C)]]
+    assert _loop_carries(keep(plain), W) == [[(), (C, D)]]
+    assert _loop_carries(keep(plain, carry_layout=False), W) == [[(), (D, C)]]
 
 
 def test_rule_covers_the_update_of_benchopts_inner_step():
@@ -153,20 +147,27 @@ def test_rule_covers_the_update_of_benchopts_inner_step():
 def test_stocbio_runs_the_same_with_and_without(monkeypatch):
     """A whole stocBiO run on a cleaning-like problem with a (256, 8) weight matrix: its inner
     loop, Neumann loop and chunk carry W transposed, with the same iterates (float64)."""
+    from bilevel.drivers import programs
+
     problem = _cleaning_like_problem(dim=D, classes=C)
     solver = bl.solvers.make("stocbio", batch_size=8, inner_steps=2, neumann_steps=3)
     loops = []
-    bind_loop = carry_layout.bind_loop
+    bind_loop = carry_loops.bind_loop
     monkeypatch.setattr(
-        carry_layout,
+        carry_loops,
         "bind_loop",
         lambda eqn, carried, *a: loops.append(carried) or bind_loop(eqn, carried, *a),
     )
     results = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("BILEVEL_CARRY_LAYOUT", setting)
-        run._COMPILED.clear()
-        results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
-    assert len(loops) >= 3 and all((D, C) in carried.values() for carried in loops)
-    np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
+    for transpose in (True, False):
+        programs.clear_cache()
+        options = CpuRewrites(carry_layout=transpose)
+        results[transpose] = bl.solve(
+            problem, solver, steps=15, seed=2, progress=False, cpu_rewrites=options
+        )
+        if transpose:
+            assert len(loops) >= 3 and all((D, C) in carried.values() for carried in loops)
+            loops.clear()
+    assert not loops  # off: no loop carried transposed
+    np.testing.assert_allclose(results[True].y, results[False].y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(results[True].x, results[False].x, rtol=1e-9, atol=1e-12)

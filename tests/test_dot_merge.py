@@ -1,15 +1,14 @@
-"""bilevel.drivers._xla_cpu.dot_merge (through wide_dots.keep_wide_dots): products that share an operand run as
+"""``_xla_cpu.dot_merge`` (through ``_xla_cpu.rewrite``): products that share an operand run as
 one, values unchanged; duplicates shared, dead code dropped; what must not merge does not."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from test_wide_dots import _cleaning_like_problem
+from test_wide_dots import _cleaning_like_problem, keep
 
 import bilevel as bl
-from bilevel.drivers import run
-from bilevel.drivers._xla_cpu import dot_merge, wide_dots
+from bilevel.drivers._xla_cpu import dot_merge
+from bilevel.drivers.cpu_rewrites import CpuRewrites
 
 B, D, C = 32, 40, 3  # the batch (B, D) holds at least MIN_SHARED_RATIO times the weights' numbers
 
@@ -37,31 +36,24 @@ def _products(fn, *args) -> int:
     return str(jax.make_jaxpr(fn)(*args)).count("dot_general[")
 
 
-@pytest.fixture
-def merging(monkeypatch):
-    monkeypatch.setenv("BILEVEL_MERGE_DOTS", "1")
-
-
-def test_an_hvp_makes_its_two_forward_products_as_one(merging):
+def test_an_hvp_makes_its_two_forward_products_as_one():
     X, labels, W, V = _data()
     # the jaxpr: X W and X V forward, the tangent's backward product, and the primal gradient's
     # backward product, which is dead code (only the tangent is returned)
     assert _products(_hvp, W, V, X, labels) == 4
-    rewritten = wide_dots.keep_wide_dots(_hvp)
+    rewritten = keep(_hvp)
     assert _products(rewritten, W, V, X, labels) == 2  # X [W, V], and the live backward one
     np.testing.assert_allclose(
         jax.jit(rewritten)(W, V, X, labels), _hvp(W, V, X, labels), rtol=1e-12, atol=1e-15
     )
 
 
-def test_off_with_the_environment_switch(monkeypatch):
-    monkeypatch.setenv("BILEVEL_MERGE_DOTS", "0")
+def test_off_with_the_option():
     X, labels, W, V = _data()
-    assert not wide_dots.merging()
-    assert _products(wide_dots.keep_wide_dots(_hvp), W, V, X, labels) == 4
+    assert _products(keep(_hvp, merge_dots=False), W, V, X, labels) == 4
 
 
-def test_shared_right_operand_and_batch_dimensions(merging):
+def test_shared_right_operand_and_batch_dimensions():
     """Backward products D_k^T X (the shared operand on the right) and vmapped (batched)
     products merge too, with the stacked axis put where each member's output expects it."""
     X, _, W, V = _data()
@@ -71,22 +63,21 @@ def test_shared_right_operand_and_batch_dimensions(merging):
         dims = (((0,), (0,)), ((), ()))
         return jax.lax.dot_general(D1, X, dims) * 2.0, jax.lax.dot_general(D2, X, dims)
 
-    rewritten = wide_dots.keep_wide_dots(backward)
+    rewritten = keep(backward)
     assert _products(rewritten, D1, D2, X) == 1
     for got, want in zip(jax.jit(rewritten)(D1, D2, X), backward(D1, D2, X), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
     Xs, Ws, Vs = jnp.stack([X, 2 * X]), jnp.stack([W, -W]), jnp.stack([V, V + 1])  # two seeds
     pair = jax.vmap(lambda X, W, V: (X @ W, X @ V))  # batched products
-    rewritten = wide_dots.keep_wide_dots(pair)
+    rewritten = keep(pair)
     assert _products(rewritten, Xs, Ws, Vs) == 1
     for got, want in zip(jax.jit(rewritten)(Xs, Ws, Vs), pair(Xs, Ws, Vs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_what_must_not_merge_does_not(merging):
+def test_what_must_not_merge_does_not():
     X, _, W, V = _data()
-    keep = wide_dots.keep_wide_dots
     # the second product needs the first: they cannot run as one
     assert _products(keep(lambda X, W: X @ (W + (X @ W).sum())), X, W) == 2
     # matrix-vector products: stacked into an n = 2 matrix product they measured slower
@@ -99,7 +90,7 @@ def test_what_must_not_merge_does_not(merging):
     assert _products(keep(partner), X, W, V) == 3
 
 
-def test_a_loop_invariant_product_is_not_tied_to_one_that_changes(merging):
+def test_a_loop_invariant_product_is_not_tied_to_one_that_changes():
     """In a loop whose W is constant, XLA hoists X W out of the loop; merged with X V_t it
     would run every iteration (AID's conjugate gradient)."""
     X, _, W, V = _data()
@@ -110,7 +101,7 @@ def test_a_loop_invariant_product_is_not_tied_to_one_that_changes(merging):
 
         return jax.lax.scan(body, V, None, length=3)[0]
 
-    rewritten = wide_dots.keep_wide_dots(loop)
+    rewritten = keep(loop)
     assert _products(rewritten, X, W, V) == 3
     np.testing.assert_allclose(jax.jit(rewritten)(X, W, V), loop(X, W, V), rtol=1e-12)
 
@@ -121,7 +112,7 @@ def test_a_loop_invariant_product_is_not_tied_to_one_that_changes(merging):
 
         return jax.lax.scan(body, (W, V), None, length=3)[0][1]
 
-    rewritten = wide_dots.keep_wide_dots(loop_over_w)
+    rewritten = keep(loop_over_w)
     assert _products(rewritten, X, W, V) == 2
     np.testing.assert_allclose(jax.jit(rewritten)(X, W, V), loop_over_w(X, W, V), rtol=1e-12)
 
@@ -141,7 +132,7 @@ def test_simplify_shares_duplicates_drops_dead_code_keeps_effects():
     names = [e.primitive.name for e in simple.eqns]
     assert names.count("exp") == 1 and names.count("dot_general") == 1 and "sin" not in names
     assert "debug_callback" in names
-    out = jax.jit(wide_dots.keep_wide_dots(program))(X, W)
+    out = jax.jit(keep(program))(X, W)
     np.testing.assert_allclose(out, program(X, W), rtol=1e-12)
     assert len(seen) == 2  # the eager call and the rewritten one: the callback still runs
 
@@ -170,13 +161,13 @@ def test_simplify_writes_products_as_xla_would_see_them():
         np.testing.assert_allclose(got, want, rtol=1e-13)
 
 
-def test_sobas_forward_products_merge_on_data_cleaning(merging):
+def test_sobas_forward_products_merge_on_data_cleaning():
     """SOBA's step on one minibatch: ``X W`` (gradient), ``X V`` (HVP tangent) and the cross
     derivative's ``(V^T X^T)^T``, which is ``X V`` again, run as one product ``X [W, V]``."""
     problem = _cleaning_like_problem()
     solver = bl.solvers.make("soba", batch_size=16).resolve(problem)
     state = solver.init(problem, jax.random.key(0))
-    rewritten = wide_dots.keep_wide_dots(lambda s: solver.step(problem, s))
+    rewritten = keep(lambda s: solver.step(problem, s))
     hlo = jax.jit(rewritten).lower(state).compile().as_text()
     assert hlo.count(f"[16,{2 * C}]{{1,0}} dot(") == 1
 
@@ -199,22 +190,26 @@ def test_schedule_falls_back_when_groups_would_make_a_cycle():
     assert (a, d) in merged and len(merged) == len(jaxpr.eqns) - 1
 
 
-def test_stocbio_runs_the_same_with_and_without_merging(monkeypatch):
+def test_stocbio_runs_the_same_with_and_without_merging():
     """A whole stocBiO run (its Neumann HVPs merge) with and without: the same iterates up to
     summation order (float64)."""
+    from bilevel.drivers import programs
+
     problem = _cleaning_like_problem()  # 16 rows of 48 pixels, 3 classes
     solver = bl.solvers.make("stocbio", batch_size=16, inner_steps=2, neumann_steps=3)
     results, products = {}, {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("BILEVEL_MERGE_DOTS", setting)
-        run._COMPILED.clear()
-        results[setting] = bl.solve(problem, solver, steps=15, seed=2, progress=False)
-        (chunk,) = [fn for key, fn in run._COMPILED.items() if key[0] == "chunk"]
-        products[setting] = chunk.as_text().count(f"[16,{2 * C}]{{1,0}} dot(")
+    for merge in (True, False):
+        programs.clear_cache()
+        options = CpuRewrites(merge_dots=merge)
+        results[merge] = bl.solve(
+            problem, solver, steps=15, seed=2, progress=False, cpu_rewrites=options
+        )
+        ((_, chunk),) = programs.cached_programs("chunk")
+        products[merge] = chunk.as_text().count(f"[16,{2 * C}]{{1,0}} dot(")
     # X [W, V], (16, 2 x 3): the Neumann HVP's, and the cross derivative's at the outer step
-    assert products == {"1": 2, "0": 0}
-    np.testing.assert_allclose(results["1"].y, results["0"].y, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(results["1"].x, results["0"].x, rtol=1e-9, atol=1e-12)
+    assert products == {True: 2, False: 0}
+    np.testing.assert_allclose(results[True].y, results[False].y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(results[True].x, results[False].x, rtol=1e-9, atol=1e-12)
 
 
 def test_a_transposed_product_used_elsewhere_too_is_not_computed_twice():

@@ -18,6 +18,7 @@ import pytest
 from solver_settings import frank_wolfe, settings
 
 import bilevel as bl
+from bilevel.core.problem import split_model
 
 N, D, K = 8, 2, 2  # samples per level (and per round), input size, feature size
 MU = 1.0  # the inner ridge: g is MU-strongly convex in y
@@ -354,5 +355,5 @@ def test_a_start_without_float_arrays_is_refused():
 def test_a_tree_of_numbers_is_all_parameters_as_before():
     # ... while a plain tree of numbers keeps the library's rule: every leaf is a parameter,
     # Python scalars and integer arrays cast to float (no model, so no equinox semantics)
-    x0, static = bl.problem.split_model({"lam": 1.0, "k": np.arange(2)}, "x0")
+    x0, static = split_model({"lam": 1.0, "k": np.arange(2)}, "x0")
     assert static is None and x0["lam"].dtype == jnp.float64 and x0["k"].dtype == jnp.float64

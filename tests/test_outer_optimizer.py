@@ -6,7 +6,7 @@ import optax
 import pytest
 
 import bilevel as bl
-from bilevel.drivers.run import _signature
+from bilevel.drivers.checkpoints import signature as _signature
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ FOUR_DEVICES = textwrap.dedent("""
     from jax.sharding import Mesh
     jax.config.update("jax_enable_x64", True)
     import bilevel as bl
-    from bilevel import run
+    from bilevel.drivers import programs
 
     assert len(jax.devices()) == 4, jax.devices()
     rng = np.random.default_rng(0)
@@ -72,17 +72,17 @@ FOUR_DEVICES = textwrap.dedent("""
         return [np.asarray(a).tolist() for a in [*jax.tree.leaves((res.x, res.y)), hist]]
 
     def all_reduces():
-        chunks = [v for k, v in run._COMPILED.items() if k[0] == "chunk"]
+        chunks = [v for _, v in programs.cached_programs("chunk")]
         return [v.as_text().count("all-reduce") for v in chunks]
 
     out = {}
     for name, (problem, solver, kw, seeds, sharding) in CASES.items():
         solver = bl.solvers.make(solver, **kw)
         args = dict(steps=20, eval_every=10, seeds=seeds, progress=False)
-        run._COMPILED.clear()
+        programs.clear_cache()
         one = bl.solve(problem, solver, **args)
         plain = all_reduces()
-        run._COMPILED.clear()
+        programs.clear_cache()
         many = bl.solve(problem, solver, **args, **sharding)
         out[name] = dict(one=arrays(one), many=arrays(many), plain=plain, sharded=all_reduces(),
                          replicated=bool(many.x.sharding.is_fully_replicated))
@@ -104,10 +104,10 @@ FOUR_DEVICES = textwrap.dedent("""
     for name, grid in GRIDS.items():
         frames = []
         for devices in (None, 4):
-            run._COMPILED.clear()
+            programs.clear_cache()
             df = bl.sweep(quad, name, grid, devices=devices, **SWEEP).drop(columns="seconds")
             frames.append(df.to_numpy(float).tolist())
-        chunk = next(v for k, v in run._COMPILED.items() if k[0] == "chunk")
+        chunk = next(v for _, v in programs.cached_programs("chunk"))
         specs = sorted({str(s.spec) for s in jax.tree.leaves(chunk.input_shardings)})
         out["sweep-" + name] = dict(one=frames[0], many=frames[1], specs=specs)
     print("RESULT" + json.dumps(out))

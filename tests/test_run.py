@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-from bilevel.drivers.run import _CHECKPOINT_FILE
+from bilevel.drivers.checkpoints import CHECKPOINT_FILE as _CHECKPOINT_FILE
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +132,13 @@ CHILD = textwrap.dedent("""
     import jax
     jax.config.update("jax_enable_x64", True)
     import bilevel as bl
-    import bilevel.drivers.run as run
+    import bilevel.drivers.checkpoints as checkpoints
 
-    save = run._save_checkpoint
+    save = checkpoints.save_checkpoint
     def slow_save(*args, **kwargs):   # slow the run down so the parent can kill it mid-way
         save(*args, **kwargs)
         time.sleep(0.15)
-    run._save_checkpoint = slow_save
+    checkpoints.save_checkpoint = slow_save
 
     p = bl.problems.quadratic(dx=4, dy=6, stochastic=True, n_samples=200)
     solver = bl.solvers.make("f2sa", lr_outer=0.02, lr_inner=0.1, batch_size=8, inner_steps=2)
@@ -200,7 +200,9 @@ def test_counter_totals_survive_int32_wraparound(quad_sto):
     )
     state = jax.jit(solver.init)(quad_sto, jax.random.PRNGKey(0))
     big = state.counts._replace(samples_inner=np.int32(2**31 - 10))
-    raw = bl.run._make_eval(False)
+    from bilevel.drivers import programs
+
+    raw = programs.BUILDERS["eval"](programs.ProgramSpec("eval"))
 
     def evaluate(problem, state):
         return raw(solver, problem, state)
@@ -245,17 +247,17 @@ def test_random_initialisation_per_seed(quad_sto):
 def test_the_compiled_program_cache_is_bounded(monkeypatch):
     """At most MAX_COMPILED programs stay alive (each holds memory mappings; an unbounded
     cache crashed a long process inside LLVM), least recently used dropped first."""
-    from bilevel.drivers import run
+    from bilevel.drivers import programs
 
-    monkeypatch.setattr(run, "MAX_COMPILED", 2)
-    run._COMPILED.clear()
+    monkeypatch.setattr(programs, "MAX_COMPILED", 2)
+    programs.clear_cache()
     problem = bl.problems.quadratic(dx=2, dy=3)
     for steps in (1, 2, 3):  # chunk lengths 1, 2, 3: three chunk programs, plus init and eval
         solver = bl.solvers.make("f2sa", lr_outer=0.01, lr_inner=0.1)
         bl.solve(problem, solver, steps=steps, eval_every=steps, progress=False)
-    assert len(run._COMPILED) == 2
-    kinds_lengths = [(key[0], key[1]) for key in run._COMPILED]
-    assert kinds_lengths == [("chunk", 3), ("eval", 0)]  # the last ones used
+    assert len(programs.cached_programs()) == 2
+    kinds_lengths = [(spec.kind, spec.length) for spec, _ in programs.cached_programs()]
+    assert sorted(kinds_lengths) == [("chunk", 3), ("eval", 0)]  # the last ones used
 
 
 def test_a_checkpoint_of_another_problem_instance_is_not_resumed(tmp_path):

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import bilevel as bl
-import bilevel.drivers.run as run
+import bilevel.drivers.solve as driver
+from bilevel.drivers import engine, programs
+from bilevel.drivers.checkpoints import CHECKPOINT_FILE as _CHECKPOINT_FILE
 from bilevel.drivers.progress import Progress, format_duration, format_rate
-from bilevel.drivers.run import _CHECKPOINT_FILE
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +44,11 @@ def _signal_at(monkeypatch, where: str, step: int, sig=signal.SIGINT):
     """Send ``sig`` to this process once the run reaches ``step``: ``where="chunk"`` while the
     next chunk runs (its result is dropped), ``"bookkeeping"`` while its rows are recorded."""
     if where == "chunk":
-        compiled = run._compiled
+        compiled = programs.program
 
-        def compiled_with_signal(kind, *args, **kwargs):
-            fn = compiled(kind, *args, **kwargs)
-            if kind != "chunk":
+        def compiled_with_signal(spec, *args, **kwargs):
+            fn = compiled(spec, *args, **kwargs)
+            if spec.kind != "chunk":
                 return fn
 
             def call(problem, state):
@@ -57,16 +58,16 @@ def _signal_at(monkeypatch, where: str, step: int, sig=signal.SIGINT):
 
             return call
 
-        monkeypatch.setattr(run, "_compiled", compiled_with_signal)
+        monkeypatch.setattr(programs, "program", compiled_with_signal)
     else:
-        evaluate = run._Run.evaluate
+        evaluate = engine.Engine.evaluate
 
         def evaluate_with_signal(self, state, at):
             if at == step:
                 os.kill(os.getpid(), sig)
             return evaluate(self, state, at)
 
-        monkeypatch.setattr(run._Run, "evaluate", evaluate_with_signal)
+        monkeypatch.setattr(engine.Engine, "evaluate", evaluate_with_signal)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +189,7 @@ def test_checkpoint_path_that_is_a_file_fails_before_running(quad_sto, tmp_path,
     solver = bl.solvers.make("f2sa", **SOLVER)
     path = tmp_path / "ckpt"
     path.write_text("not a directory")
-    monkeypatch.setattr(run, "_init_states", lambda *a: pytest.fail("compiled before the check"))
+    monkeypatch.setattr(driver, "init_states", lambda *a: pytest.fail("compiled before the check"))
     with pytest.raises(ValueError, match=r"checkpoint=.*ckpt'\) is a file, not a directory"):
         bl.solve(quad_sto, solver, steps=2, checkpoint=path, progress=False)
 

@@ -1,4 +1,4 @@
-"""bilevel.drivers._xla_cpu.small_dots (through wide_dots.keep_wide_dots): small products as multiply-reduce.
+"""``_xla_cpu.small_dots`` (through ``_xla_cpu.rewrite``): small products as multiply-reduce.
 
 The rewrite must give ``dot_general``'s values for every layout of its axes (batch, free and
 contracted, in any order), pick the products it says it picks, and leave a whole vmapped run
@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from test_wide_dots import keep
 
 import bilevel as bl
-from bilevel.drivers import run
-from bilevel.drivers._xla_cpu import small_dots, wide_dots
+from bilevel.drivers._xla_cpu import small_dots
+from bilevel.drivers.cpu_rewrites import CpuRewrites
 
 #: (lhs shape, rhs shape, dimension numbers): matrix-vector, vector-matrix, matrix-matrix with
 #: each operand contracted on either axis, batched on leading and trailing axes, two
@@ -83,49 +84,51 @@ def _small_problem():
     return bl.BilevelProblem(outer=outer, inner=inner, x0=jnp.zeros(2), y0=jnp.zeros(5))
 
 
-def _chunk_text(problem, solver, seeds):
-    state = run._init_states(solver, problem, list(range(seeds)), seeds > 1)
-    chunk = run._compiled("chunk", solver, problem, state, 5, seeds > 1)
-    return chunk.func.as_text()
+def _chunk_text(problem, solver, seeds, options):
+    """The compiled text of a chunk of 5 steps of ``seeds`` vmapped seeds."""
+    from bilevel.drivers import programs
+
+    programs.clear_cache()
+    solver = solver.resolve(problem)
+    state = programs.init_states(solver, problem, list(range(seeds)))
+    programs.compile_chunk(solver, problem, state, 5, cpu_rewrites=options)
+    ((_, chunk),) = programs.cached_programs("chunk")
+    return chunk.as_text()
 
 
-def test_vmapped_seeds_compile_without_library_products(monkeypatch):
+def test_vmapped_seeds_compile_without_library_products():
     """10 vmapped seeds make (5 x 5) x (5 x 10) products of every matrix-vector product of one
     seed: without the rewrite XLA:CPU compiles them as library products (``dot``); with it,
     none is left."""
     problem, solver = _small_problem(), bl.solvers.make("stocbio", lr_inner=0.1)
     texts = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("BILEVEL_SMALL_DOTS", switch)
-        run._COMPILED.clear()
-        texts[switch] = _chunk_text(problem, solver, seeds=10)
-    assert " dot(" in texts["0"]
-    assert " dot(" not in texts["1"]
+    for small in (False, True):
+        texts[small] = _chunk_text(problem, solver, 10, CpuRewrites(small_dots=small))
+    assert " dot(" in texts[False]
+    assert " dot(" not in texts[True]
 
 
-def test_a_vmapped_run_is_the_same_with_and_without(monkeypatch):
+def test_a_vmapped_run_is_the_same_with_and_without():
     problem = _small_problem()
     traces = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("BILEVEL_SMALL_DOTS", switch)
-        run._COMPILED.clear()
+    for small in (False, True):
+        options = CpuRewrites(small_dots=small)
         for name in ("f2sa", "stocbio", "pzobo"):
             solver = bl.solvers.make(name, lr_outer=0.05, lr_inner=0.1)
-            result = bl.solve(problem, solver, steps=30, seeds=[0, 1, 2], progress=False)
-            traces[switch, name] = np.asarray(result.x)
+            result = bl.solve(
+                problem, solver, steps=30, seeds=[0, 1, 2], progress=False, cpu_rewrites=options
+            )
+            traces[small, name] = np.asarray(result.x)
     for name in ("f2sa", "stocbio", "pzobo"):
-        np.testing.assert_allclose(traces["1", name], traces["0", name], rtol=1e-12)
-        assert np.abs(traces["1", name]).max() > 1e-3  # the runs moved
+        np.testing.assert_allclose(traces[True, name], traces[False, name], rtol=1e-12)
+        assert np.abs(traces[True, name]).max() > 1e-3  # the runs moved
 
 
-def test_off_with_the_environment_switch(monkeypatch):
+def test_off_with_the_option():
     A, v = jnp.ones((4, 4)), jnp.ones((3, 4))
 
-    def traced():  # a new function each time: make_jaxpr caches traces per function
-        return str(jax.make_jaxpr(wide_dots.keep_wide_dots(jax.vmap(lambda u: A @ u)))(v))
+    def traced(**options):
+        return str(jax.make_jaxpr(keep(jax.vmap(lambda u: A @ u), **options))(v))
 
-    monkeypatch.setenv("BILEVEL_SMALL_DOTS", "0")
-    assert not small_dots.enabled()
-    assert "dot_general" in traced()
-    monkeypatch.setenv("BILEVEL_SMALL_DOTS", "1")
+    assert "dot_general" in traced(small_dots=False)
     assert "dot_general" not in traced()

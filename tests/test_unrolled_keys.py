@@ -1,4 +1,4 @@
-"""``bilevel.drivers._xla_cpu.unrolled_keys``: Threefry key splits and random bits written out as fused kernels.
+"""``_xla_cpu.unrolled_keys``: Threefry key splits and random bits written out as fused kernels.
 
 Exact answers: the hash against the Threefry-2x32 known-answer vector of Salmon et al.'s Random123
 (20 rounds, key and counter 0), every split and draw of bits bit for bit against
@@ -11,9 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_wide_dots import keep
 
 import bilevel as bl
-from bilevel.drivers._xla_cpu import unrolled_keys, wide_dots
+from bilevel.drivers._xla_cpu import unrolled_keys
+from bilevel.drivers.cpu_rewrites import CpuRewrites
 
 
 def test_threefry_known_answer():
@@ -54,19 +56,20 @@ def _split_equations(fn, *args):
 
 
 def test_applies_only_to_threefry_splits():
-    (threefry,) = _split_equations(lambda k: jax.random.split(k), jax.random.key(0))
-    assert unrolled_keys.applies(threefry)
-    (rbg,) = _split_equations(lambda k: jax.random.split(k), jax.random.key(0, impl="rbg"))
-    assert not unrolled_keys.applies(rbg)
+    key, rbg_key = jax.random.key(0), jax.random.key(0, impl="rbg")
+    (threefry,) = _split_equations(lambda k: jax.random.split(k), key)
+    assert unrolled_keys.applies(threefry, key)
+    (rbg,) = _split_equations(lambda k: jax.random.split(k), rbg_key)
+    assert not unrolled_keys.applies(rbg, rbg_key)
     previous = jax.config.jax_threefry_partitionable
     try:  # JAX's other counter layout: left to JAX
         jax.config.update("jax_threefry_partitionable", False)
-        assert not unrolled_keys.applies(threefry)
+        assert not unrolled_keys.applies(threefry, key)
     finally:
         jax.config.update("jax_threefry_partitionable", previous)
 
 
-def test_rewritten_programs_have_no_key_loop(monkeypatch):
+def test_rewritten_programs_have_no_key_loop():
     """Ten vmapped splits: JAX's CPU lowering is a rolled loop; rewritten, none is left."""
     keys = jax.random.split(jax.random.key(5), 10)
 
@@ -75,24 +78,24 @@ def test_rewritten_programs_have_no_key_loop(monkeypatch):
         return jax.random.key_data(new), jax.vmap(lambda kk: jax.random.normal(kk, (6,)))(k)
 
     texts, values = {}, {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("BILEVEL_UNROLLED_KEYS", switch)
-        compiled = jax.jit(wide_dots.keep_wide_dots(splits)).lower(keys).compile()
-        texts[switch], values[switch] = compiled.as_text(), compiled(keys)
-    assert "while" in texts["0"] and "while" not in texts["1"]
-    for on, off in zip(values["1"], values["0"], strict=True):
+    for unrolled in (False, True):
+        compiled = jax.jit(keep(splits, unrolled_keys=unrolled)).lower(keys).compile()
+        texts[unrolled], values[unrolled] = compiled.as_text(), compiled(keys)
+    assert "while" in texts[False] and "while" not in texts[True]
+    for on, off in zip(values[True], values[False], strict=True):
         np.testing.assert_array_equal(on, off)
 
 
 @pytest.mark.parametrize("name", ["f2sa", "soba", "pzobo"])
-def test_whole_runs_are_bit_identical(monkeypatch, name):
+def test_whole_runs_are_bit_identical(name):
     problem = bl.problems.quadratic(dx=3, dy=5, stochastic=True, n_samples=64)
     solver = bl.solvers.make(name, batch_size=8)
     runs = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("BILEVEL_UNROLLED_KEYS", switch)
-        bl.run._COMPILED.clear()  # compile anew under the switch
-        res = bl.solve(problem, solver, steps=30, seeds=range(3), progress=False)
-        runs[switch] = jax.tree.leaves((res.x, res.y))
-    for off, on in zip(runs["0"], runs["1"], strict=True):
+    for unrolled in (False, True):
+        options = CpuRewrites(unrolled_keys=unrolled)  # part of the compile cache's key
+        res = bl.solve(
+            problem, solver, steps=30, seeds=range(3), progress=False, cpu_rewrites=options
+        )
+        runs[unrolled] = jax.tree.leaves((res.x, res.y))
+    for off, on in zip(runs[False], runs[True], strict=True):
         np.testing.assert_array_equal(on, off)

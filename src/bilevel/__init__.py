@@ -23,8 +23,11 @@ from bilevel.analysis.diagnose import Diagnosis, NotStronglyConvexWarning, diagn
 from bilevel.core import oracles, sets
 from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.problem import BilevelProblem, ProblemKindError
+from bilevel.drivers.cpu_rewrites import CpuRewrites
+from bilevel.drivers.loop import iterate
 from bilevel.drivers.online import OnlineResult, solve_online
-from bilevel.drivers.run import DivergenceError, DivergenceWarning, Interrupted, Result, solve
+from bilevel.drivers.results import DivergenceError, DivergenceWarning, Interrupted, Result
+from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import sweep
 
 # The public modules keep their import paths (``import bilevel.sets``, ``from bilevel.metrics
@@ -39,6 +42,7 @@ __all__ = [
     "BilevelProblem",
     "OnlineProblem",
     "solve",
+    "iterate",
     "solve_online",
     "OnlineResult",
     "ProblemKindError",
@@ -47,6 +51,7 @@ __all__ = [
     "DivergenceWarning",
     "DivergenceError",
     "Interrupted",
+    "CpuRewrites",
     "solvers",
     "problems",
     "sets",

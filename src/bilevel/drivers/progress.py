@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["Progress", "format_duration", "format_rate"]
 
 #: the headline metric, first present wins: shown beside the step count, and the one
-#: ``solve`` watches for a blow-up (``run._exploded``)
+#: ``solve`` watches for a blow-up (``bilevel.drivers.divergence.exploded``)
 HEADLINE = ("grad_norm", "outer_loss")
 #: the bar shows the headline metric only from this width on
 WIDE = 100

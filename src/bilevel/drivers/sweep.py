@@ -2,9 +2,12 @@
 
 A solver is a pytree whose numeric hyperparameters are leaves (``solvers/base.py``), so a stack
 of solvers that differ only in those values is one pytree with a leading axis of grid points.
-``sweep`` runs ``solve``'s own programs (init, the ``lax.scan`` chunk, the evaluation; see
-``run.py``) vmapped once more over that axis, with ``solve``'s loop (``run._Run``: timing,
-divergence checks, history rows and counter totals), so a point's rows are what
+``sweep`` runs ``solve``'s own programs (init, the ``lax.scan`` chunk, the evaluation;
+:mod:`bilevel.drivers.programs`) vmapped once more over that axis (``ProgramSettings(
+over_grid=True)``, :mod:`bilevel.drivers.grid`), with ``solve``'s loop
+(:class:`bilevel.drivers.engine.Engine`: timing, divergence checks, history rows and counter
+totals) and one :class:`~bilevel.drivers.history.History` per grid point behind the engine's
+history interface (:class:`GridHistory`), so a point's rows are what
 ``bl.solve(problem, solver_at_that_point, seeds=...)`` reports.
 """
 
@@ -23,17 +26,17 @@ import pandas as pd
 
 from bilevel.core import sharding as parallel
 from bilevel.core.problem import BilevelProblem
-from bilevel.drivers import progress as _progress
-from bilevel.drivers.run import (
-    _check_convexity,
-    _check_offline_problem,
-    _check_seeds,
-    _check_steps,
-    _Checkpointer,
-    _History,
-    _init_states,
-    _Run,
+from bilevel.drivers.checks import (
+    check_convexity,
+    check_offline_problem,
+    check_seeds,
+    check_steps,
 )
+from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
+from bilevel.drivers.engine import Engine, Schedule
+from bilevel.drivers.history import History
+from bilevel.drivers.programs import ProgramSettings, init_states
+from bilevel.drivers.progress import Progress
 from bilevel.solvers import make as _make_solver
 from bilevel.solvers.base import Solver
 from bilevel.solvers.registry import check_hyperparameters
@@ -57,6 +60,7 @@ def sweep(
     init: Callable | None = None,
     devices: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    cpu_rewrites: CpuRewrites | bool | None = None,
     **hyperparameters: Any,
 ) -> pd.DataFrame:
     """Run ``solver`` at every point of ``grid`` (their cartesian product) for every seed.
@@ -91,6 +95,7 @@ def sweep(
             ``solve``'s data parallelism: minibatches stay whole, the points are split.
         mesh: a ``jax.sharding.Mesh`` of your own instead of ``devices``; the points are split
             over all its axes jointly.
+        cpu_rewrites: the XLA:CPU rewrites of the compiled steps, as in :func:`bilevel.solve`.
         **hyperparameters: the other solver settings (``batch_size=64``, ...), the same at
             every point.
 
@@ -109,9 +114,9 @@ def sweep(
             spanning several processes.
         KeyboardInterrupt: on Ctrl-C or SIGTERM (a sweep keeps no checkpoint).
     """
-    _check_offline_problem(problem, caller="sweep")
-    steps, every = _check_steps(steps, eval_every, caller="sweep")
-    seed_list = _check_seeds(None, seeds, caller="sweep")
+    check_offline_problem(problem, caller="sweep")
+    steps, every = check_steps(steps, eval_every, caller="sweep")
+    seed_list = check_seeds(None, seeds, caller="sweep")
     fields, points = _grid_points(grid)
     both = [name for name in fields if name in hyperparameters]
     if both:
@@ -120,8 +125,11 @@ def sweep(
             "give it in one place."
         )
     solvers = [_point_solver(problem, solver, fields, p, hyperparameters, steps) for p in points]
-    _check_convexity(problem)
+    check_convexity(problem)
     grid_mesh = _grid_mesh(devices, mesh)
+    settings = ProgramSettings(
+        over_grid=True, grid_mesh=grid_mesh, cpu_rewrites=resolve(cpu_rewrites)
+    )
     per_device = 1 if grid_mesh is None else grid_mesh.size
     if max_batch is None:  # the budget is per device
         max_batch = per_device * _default_max_batch(solvers[0], problem, len(seed_list))
@@ -131,7 +139,7 @@ def sweep(
     for idx in _batches(len(points), max_batch, per_device):
         batch = [(points[i], solvers[i]) for i in idx]
         batch_rows, dead = _run_batch(
-            problem, batch, seed_list, steps, every, progress, init, grid_mesh
+            problem, batch, seed_list, Schedule(steps, every), progress, init, settings
         )
         n_real = len(set(idx))  # padded copies of the last point are dropped
         rows.extend(batch_rows[:n_real])
@@ -251,16 +259,21 @@ def _stack(solvers: list[Solver]) -> Solver:
     return jax.tree.map(lambda *v: jnp.stack([jnp.asarray(a) for a in v]), *solvers)
 
 
-class _GridHistory:
-    """``_History`` per grid point behind the interface ``run._Run`` uses (``record``,
-    ``alive``, ``seeds``, ``rows``): one row logic and one counter-total logic for both."""
+class GridHistory:
+    """One :class:`~bilevel.drivers.history.History` per grid point behind the history
+    interface of :class:`bilevel.drivers.engine.Engine` (``record``, ``alive``, ``seeds``,
+    ``rows``): one row logic and one counter-total logic for ``solve`` and ``sweep``.
+
+    ``alive`` is (points, seeds); each point's history holds a view of its row, so the
+    engine's in-place updates reach it. ``seeds`` are ``(point index, seed)`` pairs.
+    """
 
     def __init__(self, points: list[dict], seeds: list[int]):
-        self.points = [_History(seeds) for _ in points]
+        self.points = [History(seeds) for _ in points]
         self.labels = points
         self.alive = np.ones((len(points), len(seeds)), bool)
         for i, history in enumerate(self.points):
-            history.alive = self.alive[i]  # a view: _Run's in-place updates reach it
+            history.alive = self.alive[i]
         self.seeds = [(i, s) for i in range(len(points)) for s in seeds]
         self.rows: list[dict] = []
 
@@ -282,30 +295,27 @@ def _pick(i: int):
     return lambda tree: jax.tree.map(lambda a: np.asarray(a)[i], tree)
 
 
-def _run_batch(problem, batch, seeds, steps, every, progress, init, grid_mesh=None):
+def _run_batch(problem, batch, seeds, schedule: Schedule, progress, init, settings):
     """Run one batch of ``(point, solver)`` pairs: ``(rows per point, [(point index in the
-    batch, seed) that diverged])``. With ``grid_mesh`` the points are split over it."""
+    batch, seed) that diverged])``. With ``settings.grid_mesh`` the points are split over it."""
+    grid_mesh = settings.grid_mesh
     points = [p for p, _ in batch]
     stacked = parallel.shard_grid(_stack([s for _, s in batch]), grid_mesh)
     problem = parallel.replicate(problem, grid_mesh)
-    name = batch[0][1].name
-    state = _init_states(
-        stacked, problem, seeds, True, init, n_points=len(batch), grid_mesh=grid_mesh
-    )
-    history = _GridHistory(points, seeds)
-    display = _progress.Progress(progress, steps, name, problem.name, len(batch) * len(seeds))
-    no_checkpoint = _Checkpointer(None, "", 0.0)
-    run = _Run(
-        problem, stacked, True, every, steps, history, no_checkpoint, display, grid_mesh=grid_mesh
-    )
-    run.over_grid = True
-    run.record_start(state)
+    state = init_states(stacked, problem, seeds, init, over_grid=True, grid_mesh=grid_mesh)
+    history = GridHistory(points, seeds)
+    name, runs = batch[0][1].name, len(batch) * len(seeds)
+    display = Progress(progress, schedule.steps, name, problem.name, runs)
+    engine = Engine(problem, stacked, schedule, history, display, settings=settings)
+    engine.start(state)
     try:
-        _, stopped = run.loop(state)
+        _, stopped = engine.loop(state)
     finally:
         display.close()
     if stopped is not None:
-        raise KeyboardInterrupt(f"sweep stopped by {stopped} at step {run.done} of {steps}")
+        raise KeyboardInterrupt(
+            f"sweep stopped by {stopped} at step {engine.done} of {schedule.steps}"
+        )
     dead = [(i, s) for i, s in history.seeds if not history.alive[i, seeds.index(s)]]
     return [h.rows for h in history.points], dead
 

@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from bilevel.core.problem import BilevelProblem
-from bilevel.drivers.run import DivergenceWarning, solve
+from bilevel.drivers.results import DivergenceWarning
+from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import final_means, sweep
 from bilevel.experiments.report import plot_history
 from bilevel.solvers import make

@@ -9,8 +9,8 @@ into one product, ``X @ [W, V]`` reads ``X`` once: on a 2-core x86 CPU (jax 0.10
 (64, 784) and ``W``, ``V`` (784, 10), 39 against 52 us for the pair; stocBiO's Neumann loop on
 data cleaning 1,300 -> 1,180 us per step (``docs/performance.md``).
 
-This module plans that rewrite on a jaxpr, for :func:`bilevel.drivers._xla_cpu.wide_dots.keep_wide_dots`, which
-re-traces the program through it:
+This module plans that rewrite on a jaxpr, for the evaluator (``evaluate``), which re-traces
+the program through it:
 
 * :func:`simplify`: products in the form XLA gives them (transposes folded into the
   contraction, products by one and ravel-unravel round trips dropped), common-subexpression
@@ -355,7 +355,7 @@ def bind_merged(
 ) -> list:
     """The members' outputs from one product on their stacked other operands (axis 0 of the
     stack is a free dimension of the product; each output is one index of it). ``barrier``:
-    an ``optimization_barrier`` on the product (see :mod:`bilevel.drivers._xla_cpu.wide_dots`). ``stack``: makes
+    an ``optimization_barrier`` on the product (see ``wide_dots``). ``stack``: makes
     the stack from the operands' variables (default: ``jnp.stack`` of their values)."""
     first = eqns[0]
     position = 0 if all(e.invars[0] is first.invars[0] for e in eqns) else 1

@@ -12,16 +12,14 @@ for one seed, and 5.6 us with this rewrite (one seed: 1.0 us; measured 2026-11-2
 multiply-adds, or a matrix-matrix one of 4,000, measured slower as multiply-reduce.
 
 :func:`keep_small` says which ``dot_general`` equations to rewrite (float32 or float64, at most
-:data:`MAX_MULTIPLY_ADDS` multiply-adds), :func:`multiply_reduce` computes one. They are applied by
-:func:`bilevel.drivers._xla_cpu.wide_dots.keep_wide_dots` on the same pass as its other rewrites;
-``BILEVEL_SMALL_DOTS=0`` in the environment turns this one off. The values are the product's
-up to summation order.
+:data:`MAX_MULTIPLY_ADDS` multiply-adds), :func:`multiply_reduce` computes one. The evaluator
+(``evaluate``) applies them on the same pass as the other rewrites where the options say
+``small_dots``. The values are the product's up to summation order.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import jax.numpy as jnp
 from jax import lax
@@ -29,7 +27,6 @@ from jax import lax
 __all__ = [
     "MAX_MULTIPLY_ADDS",
     "MAX_VECTOR_MULTIPLY_ADDS",
-    "enabled",
     "keep_small",
     "multiply_reduce",
 ]
@@ -39,11 +36,6 @@ __all__ = [
 #: 4,000 measured slower), and a plain matrix-vector product (900 measured slower)
 MAX_MULTIPLY_ADDS = 1024
 MAX_VECTOR_MULTIPLY_ADDS = 256
-
-
-def enabled() -> bool:
-    """Unless ``BILEVEL_SMALL_DOTS=0``."""
-    return os.environ.get("BILEVEL_SMALL_DOTS", "1") != "0"
 
 
 def multiply_adds(eqn) -> int:

@@ -7,15 +7,14 @@ and the loop's carry rotates its key words, which XLA:CPU implements as about a 
 copies per iteration. For one seed a whole small loop runs as a single kernel, but ``vmap``
 over seeds makes it a loop of separate kernels: on ``bl.problems.quadratic(2, 5)``, 80 of the
 105 kernels of a 10-seed SOBA step were its one key split (measured 2026-11-25,
-docs/performance.md item 14). Written out, the 20 rounds are elementwise integer arithmetic that
-XLA fuses into one kernel.
+``docs/performance.md``, item 14). Written out, the 20 rounds are elementwise integer
+arithmetic that XLA fuses into one kernel.
 
 :func:`applies` says which equations to replace (``random_split`` and ``random_bits`` of
 Threefry keys, with JAX's default ``jax_threefry_partitionable``), :func:`evaluate` computes one
 (:func:`split`, :func:`random_bits`): the same words as ``jax.random``, bit for bit
-(``tests/test_unrolled_keys.py``). They are applied by :func:`bilevel.drivers._xla_cpu.wide_dots.keep_wide_dots`
-on the same pass as its other rewrites; ``BILEVEL_UNROLLED_KEYS=0`` in the environment turns
-this one off.
+(``tests/test_unrolled_keys.py``). The evaluator (``evaluate``) applies them on the same pass as
+the other rewrites where the options say ``unrolled_keys``.
 
 The hash: J. K. Salmon, M. A. Moraes, R. O. Dror and D. E. Shaw, "Parallel random numbers: as
 easy as 1, 2, 3", SC 2011 (Threefry-2x32 with 20 rounds); the counters are JAX's
@@ -28,39 +27,32 @@ concatenation.
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["enabled", "applies", "evaluate", "split", "random_bits", "threefry2x32"]
+__all__ = ["PRIMITIVES", "applies", "evaluate", "split", "random_bits", "threefry2x32"]
 
 _IMPL = "threefry2x32"
-_PRIMITIVES = ("random_split", "random_bits")
+#: the primitives :func:`applies` looks at
+PRIMITIVES = ("random_split", "random_bits")
 #: rotation distances of the rounds, alternating between the two groups of four (Salmon et al.)
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 #: the key schedule's parity constant (Threefry's C240 for 32-bit words)
 _PARITY = np.uint32(0x1BD11BDA)
 
 
-def enabled() -> bool:
-    """Whether :func:`bilevel.drivers._xla_cpu.wide_dots.keep_wide_dots` replaces key splits and draws of random
-    bits: unless ``BILEVEL_UNROLLED_KEYS=0``."""
-    return os.environ.get("BILEVEL_UNROLLED_KEYS", "1") != "0"
-
-
-def applies(eqn) -> bool:
+def applies(eqn, keys) -> bool:
     """Whether ``eqn`` is a split of Threefry keys, or a draw of random bits from them, that
-    :func:`evaluate` reproduces."""
-    if eqn.primitive.name not in _PRIMITIVES or not jax.config.jax_threefry_partitionable:
+    :func:`evaluate` reproduces (``keys``: the value of its key operand)."""
+    if eqn.primitive.name not in PRIMITIVES or not jax.config.jax_threefry_partitionable:
         return False
     if math.prod(eqn.params["shape"]) >= 2**32:  # counters with a high word: left to JAX
         return False
-    dtype = eqn.invars[0].aval.dtype
-    if not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if not jax.dtypes.issubdtype(eqn.invars[0].aval.dtype, jax.dtypes.prng_key):
         return False
-    return getattr(getattr(dtype, "_impl", None), "name", None) == _IMPL  # the key's PRNGImpl
+    return jax.random.key_impl(keys) == _IMPL  # a built-in implementation is named by a string
 
 
 def evaluate(eqn, keys: jax.Array) -> jax.Array:

@@ -1,0 +1,247 @@
+"""Checkpoints of ``bl.solve``: a fingerprint of the run, atomic writes, and the resume.
+
+A checkpoint is one ``.npz`` file (read with ``allow_pickle=False``): the state's leaves, the
+history rows and a JSON ``meta`` (step, solver seconds, counter totals, alive seeds, the run's
+fingerprint and its CPU rewrite options). A run resumes only from a checkpoint with its own
+fingerprint (:func:`signature`), so a resumed run ends bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilevel.core import sharding as parallel
+from bilevel.core.problem import BilevelProblem, users_function
+from bilevel.drivers.cpu_rewrites import CpuRewrites
+from bilevel.drivers.history import History
+from bilevel.solvers.base import Solver
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "CHECKPOINT_VERSION",
+    "Checkpointer",
+    "Resume",
+    "signature",
+    "save_checkpoint",
+    "load_checkpoint",
+]
+
+CHECKPOINT_FILE = "checkpoint.npz"
+CHECKPOINT_VERSION = 2  # 2: solver states carry OuterState (direction_norm)
+
+
+def _strip_addresses(text: str) -> str:
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
+def _closures(value, depth: int = 0) -> str:
+    """The values the functions in ``value`` (a solver field: a schedule, an optax
+    transformation, a tuple of them; or a problem's function) closed over, recursively, as text
+    without memory addresses ("" if none)."""
+    if depth > 4:  # a closure over itself, or a deep chain of schedules: enough to tell apart
+        return ""
+    if isinstance(value, tuple):
+        return "".join(_closures(v, depth + 1) for v in value)
+    if isinstance(value, np.ndarray | jax.Array):  # a problem's data or matrices: their bytes
+        return _array_digest(value)
+    if not callable(value):
+        return ""
+    parts = []
+    for cell in getattr(value, "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        parts.append(_closures(content, depth + 1) or _strip_addresses(repr(content)))
+    return f"({';'.join(parts)})" if parts else ""
+
+
+def _array_digest(value) -> str:
+    """Shape, dtype and a hash of the bytes of an array (every 1/4096th row above 16 MB)."""
+    a = np.ascontiguousarray(np.asarray(value))
+    data = a.tobytes() if a.nbytes <= 1 << 24 else a[:: max(1, a.shape[0] // 4096)].tobytes()
+    return f"{a.shape}{a.dtype}{hashlib.sha256(data).hexdigest()}"
+
+
+def signature(
+    problem: BilevelProblem,
+    solver: Solver,
+    seeds,
+    batched: bool,
+    eval_every: int,
+    init=None,
+    cpu_rewrites: CpuRewrites | None = None,
+) -> str:
+    """A fingerprint of everything that determines the trajectory (not ``steps``).
+
+    ``batched``: whether the run was given ``seeds=`` (its results keep the seed axis);
+    ``cpu_rewrites``: the rewrite options its step programs were compiled through (they move
+    the floating-point rounding).
+    """
+    h = hashlib.sha256()
+    # functions (schedules, an optax outer optimiser) print with their memory address, which
+    # differs in every process: a resumed run must not look like another run
+    h.update(_strip_addresses(repr(solver)).encode())
+    # ... which also hides what a function closed over: optax.trace(decay=0.5) and (decay=0.9),
+    # or two exponential decays, print alike; their closures tell them apart
+    for fld in dataclasses.fields(solver):
+        h.update(_closures(getattr(solver, fld.name)).encode())
+    h.update(repr((problem.name, seeds, batched, eval_every, CHECKPOINT_VERSION)).encode())
+    if getattr(problem, "batch_chunks", 1) > 1:  # (absent before the option: old prints hold)
+        h.update(f"batch_chunks {problem.batch_chunks}".encode())
+    if cpu_rewrites is not None:
+        h.update(repr(cpu_rewrites).encode())
+    _problem_digest(h, problem, init)
+    return h.hexdigest()
+
+
+def _problem_digest(h, problem: BilevelProblem, init) -> None:
+    """Add the problem's structure, functions (code and closures) and data to ``h``."""
+    children, _ = problem.tree_flatten()
+    leaves, treedef = jax.tree.flatten(children)
+    h.update(str(treedef).encode())  # structure only: function reprs hold memory addresses
+    if any(part is not None for part in problem.model_parts):  # a model's functions, ...
+        h.update(_strip_addresses(repr(problem.model_parts)).encode())
+    for fn in (problem.outer, problem.inner, problem.metrics, init):
+        fn = users_function(fn)
+        code = getattr(fn, "__code__", None)
+        h.update(
+            repr((getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))).encode()
+        )
+        h.update(code.co_code if code is not None else b"")
+        h.update(_closures(fn).encode())  # the constants a problem's functions closed over
+    for leaf in leaves:
+        h.update(_array_digest(leaf).encode())
+
+
+def save_checkpoint(directory: Path, state, meta: dict, history: list[dict]) -> None:
+    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+    arrays = {f"leaf_{i}": a for i, a in enumerate(leaves)}
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays["history"] = np.array(json.dumps(history))
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, directory / CHECKPOINT_FILE)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_checkpoint(directory: Path, state_template, signature: str, cpu_rewrites: dict):
+    """``(state, meta, history rows)`` of the checkpoint in ``directory`` (``None`` if none);
+    refused (ValueError) when another run wrote it or its state does not fit the template."""
+    path = directory / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(str(npz["meta"]))
+        history = json.loads(str(npz["history"]))
+        _check_same_run(directory, meta, signature, cpu_rewrites)
+        template, treedef = jax.tree.flatten(state_template)
+        leaves = [npz[f"leaf_{i}"] for i in range(len(template))]
+    for got, want in zip(leaves, template, strict=True):
+        if got.shape != np.shape(want) or got.dtype != np.asarray(want).dtype:
+            raise ValueError(f"the checkpoint in {directory} does not match the solver state.")
+    state = jax.tree.unflatten(treedef, [jnp.asarray(a) for a in leaves])
+    return state, meta, history
+
+
+def _check_same_run(directory: Path, meta: dict, signature: str, cpu_rewrites: dict) -> None:
+    saved = meta.get("cpu_rewrites")
+    if saved is not None and saved != cpu_rewrites:
+        raise ValueError(
+            f"the checkpoint in {directory} was written under other CPU rewrite options "
+            f"(cpu_rewrites=bl.CpuRewrites(**{saved})) than this run's "
+            f"(bl.CpuRewrites(**{cpu_rewrites})); they change the floating-point rounding, so "
+            "the resumed run would not continue it exactly. Resume with the same cpu_rewrites= "
+            "(and BILEVEL_* environment), or use another checkpoint directory."
+        )
+    if meta.get("signature") != signature:
+        raise ValueError(
+            f"the checkpoint in {directory} was written by a different run (solver, "
+            "problem, seeds or eval_every differ, or an older bilevel version); use another "
+            "checkpoint directory or delete it."
+        )
+
+
+class Resume(NamedTuple):
+    """Where a checkpoint lets a run take up: its state, steps done and solver seconds."""
+
+    state: object
+    step: int
+    seconds: float
+
+
+class Checkpointer:
+    """Atomic saves at most every ``interval`` seconds (always when forced), and the resume.
+
+    The engine's states carry a seed axis; a run of one ``seed=`` saves them without it (the
+    file holds what the run returns, ``seed_axis=False``) and gets it back on loading.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        signature: str,
+        interval: float,
+        seed_axis: bool = True,
+        cpu_rewrites: CpuRewrites | None = None,
+    ):
+        self.directory = directory
+        self.signature = signature
+        self.interval = interval
+        self.seed_axis = seed_axis
+        self.cpu_rewrites = dataclasses.asdict(cpu_rewrites or CpuRewrites.none())
+        self.last_save = time.monotonic()
+
+    def load(self, state_template, history: History, steps: int) -> Resume | None:
+        """The checkpoint to resume from (the history restored), or ``None`` when none."""
+        template = self._on_file(state_template)
+        loaded = load_checkpoint(self.directory, template, self.signature, self.cpu_rewrites)
+        if loaded is None:
+            return None
+        state, meta, rows = loaded
+        done = int(meta["step"])
+        if done > steps:
+            raise ValueError(
+                f"the checkpoint in {self.directory} is at step {done}, beyond steps={steps}; "
+                f"ask for at least {done} steps or use another checkpoint directory."
+            )
+        history.restore(meta, rows)
+        if not self.seed_axis:
+            state = jax.tree.map(lambda a: a[None], state)
+        return Resume(state, done, float(meta["seconds"]))
+
+    def save(self, state, history: History, step: int, seconds: float, force: bool) -> None:
+        """Write a checkpoint if forced or ``interval`` seconds passed (process 0 only)."""
+        if not parallel.is_main_process():  # one writer per run
+            return
+        if not force and time.monotonic() - self.last_save < self.interval:
+            return
+        meta = {"signature": self.signature, "step": step, "seconds": seconds}
+        meta |= history.meta() | {"cpu_rewrites": self.cpu_rewrites}
+        save_checkpoint(self.directory, self._on_file(state), meta, history.rows)
+        self.last_save = time.monotonic()
+
+    def _on_file(self, state):
+        # numpy, not a jitted slice: only process 0 writes, and a jitted op on a global array
+        # would wait for the other processes
+        return state if self.seed_axis else jax.tree.map(lambda a: np.asarray(a)[0], state)
