@@ -20,10 +20,10 @@ import sys as _sys
 from bilevel import problems, solvers
 from bilevel.analysis import metrics
 from bilevel.analysis.diagnose import Diagnosis, NotStronglyConvexWarning, diagnose
-from bilevel.core import oracles, sets
+from bilevel.core import oracles, schedules, sets
 from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.problem import BilevelProblem, ProblemKindError
-from bilevel.drivers.cpu_rewrites import CpuRewrites
+from bilevel.drivers.cpu_rewrites import CpuRewrites, CpuRewriteWarning
 from bilevel.drivers.loop import iterate
 from bilevel.drivers.online import OnlineResult, solve_online
 from bilevel.drivers.results import DivergenceError, DivergenceWarning, Interrupted, Result
@@ -32,9 +32,19 @@ from bilevel.drivers.sweep import sweep
 
 # The public modules keep their import paths (``import bilevel.sets``, ``from bilevel.metrics
 # import hypergradient``): they live in their layers (core/, analysis/) and are published here.
-for _module in (metrics, oracles, sets):
+for _module in (metrics, oracles, schedules, sets):
     _sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
 del _module
+
+
+def __getattr__(name: str):
+    # ``bl.meta`` without ``import bilevel.meta`` first; loaded on first use, since it brings
+    # the network backbones that most users of the package never need
+    if name == "meta":
+        import bilevel.meta
+
+        return bilevel.meta
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __version__ = "0.1.0"
 
@@ -52,11 +62,14 @@ __all__ = [
     "DivergenceError",
     "Interrupted",
     "CpuRewrites",
+    "CpuRewriteWarning",
     "solvers",
     "problems",
     "sets",
+    "schedules",
     "oracles",
     "metrics",
+    "meta",
     "diagnose",
     "Diagnosis",
     "NotStronglyConvexWarning",
