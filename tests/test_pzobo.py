@@ -394,7 +394,8 @@ def test_pzobo_s_is_pzobo_on_deterministic_problems(quad):
     """PZOBO-S changes only defaults: without data it runs the same Algorithm 1 (so PZOBO's
     Done-means on the deterministic quadratic covers it), and "auto" differs: 1/L (Thm 1) vs
     2/(L + mu_g) (Thm 2); here L = max(L_f, L_g) = max(1, 10)."""
-    from bilevel.solvers.zeroth_order.pzobo import PZOBO, PZOBOS
+    from bilevel.solvers.zeroth_order.pzobo import PZOBO
+    from bilevel.solvers.zeroth_order.pzobo_s import PZOBOS
 
     for method in ("step", "coefficients", "hypergradient", "inner_path", "_coefficient"):
         assert getattr(PZOBOS, method) is getattr(PZOBO, method), method

@@ -12,7 +12,7 @@ import pytest
 import bilevel as bl
 from bilevel import oracles
 from bilevel.core import sampling
-from bilevel.solvers.hypergradient.implicit import RandomNeumann
+from bilevel.solvers.hypergradient.adjoint import RandomNeumann
 
 
 @pytest.fixture(scope="module")

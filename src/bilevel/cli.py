@@ -100,10 +100,17 @@ def _fail(message: str) -> None:
 
 
 @app.command()
-def solvers() -> None:
+def solvers(
+    long: bool = typer.Option(
+        False, "--long", help="every solver with its class, family, file and paper"
+    ),
+) -> None:
     """List the registered solvers."""
     import bilevel as bl
 
+    if long:  # the registry's table, as docs/solvers.md lists it
+        typer.echo(bl.solvers.registry.format_table(bl.solvers.registry.table()))
+        return
     for name in bl.solvers.names():
         cls = bl.solvers.get(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0]
@@ -158,16 +165,7 @@ def run(
         import bilevel as bl
 
         prob = bl.problems.make(problem, **_parse_options(problem_opt))
-        hints = dict(bl.problems.solver_hints(problem))
-        hyper = {k: v for k, v in hints.items() if k in ("lr_outer", "lr_inner")}
-        for key, value in (
-            ("lr_outer", lr_outer),
-            ("lr_inner", lr_inner),
-            ("batch_size", batch_size),
-        ):
-            if value is not None:
-                hyper[key] = value
-        hyper.update(_parse_options(opt))
+        hyper = _run_hyper(problem, lr_outer, lr_inner, batch_size, opt)
         slv = bl.solvers.make(solver, **hyper)
         out.mkdir(parents=True, exist_ok=True)
         try:
@@ -182,22 +180,46 @@ def run(
                 devices=devices,
             )
         except bl.Interrupted as stop:
-            _write_run_outputs(stop.result, prob.name, out, interrupted=True)
-            typer.echo(f"{stop.signal}: stopped at step {stop.result.steps} of {steps}.", err=True)
-            typer.echo(f"wrote {out}/history.csv, .parquet, .png and summary.json")
-            if stop.checkpoint is not None:
-                typer.echo(f"checkpoint: {stop.checkpoint}; rerun the same command to resume.")
-            else:
-                typer.echo("no checkpoint (--no-checkpoint): a rerun starts from step 0.")
-            raise typer.Exit(code=130) from None
+            _exit_interrupted(stop, prob.name, steps, out)
     _write_run_outputs(res, prob.name, out)
     typer.echo(
         f"{res.message}; wrote {out}/history.csv, history.parquet, history.png, summary.json"
     )
-    last = res.history[res.history.step == res.history.step.max()]
+    _echo_headline_metrics(res.history)
+
+
+def _run_hyper(problem: str, lr_outer, lr_inner, batch_size, opt: list[str]) -> dict:
+    """``run``'s solver hyperparameters: the problem's step-size hints, overridden by the
+    flags given, then by ``--opt`` pairs."""
+    import bilevel as bl
+
+    hints = dict(bl.problems.solver_hints(problem))
+    hyper = {k: v for k, v in hints.items() if k in ("lr_outer", "lr_inner")}
+    for key, value in (("lr_outer", lr_outer), ("lr_inner", lr_inner), ("batch_size", batch_size)):
+        if value is not None:
+            hyper[key] = value
+    hyper.update(_parse_options(opt))
+    return hyper
+
+
+def _exit_interrupted(stop, problem_name: str, steps: int, out: Path) -> None:
+    """Write the outputs of the steps done, say how to resume, and exit with code 130."""
+    _write_run_outputs(stop.result, problem_name, out, interrupted=True)
+    typer.echo(f"{stop.signal}: stopped at step {stop.result.steps} of {steps}.", err=True)
+    typer.echo(f"wrote {out}/history.csv, .parquet, .png and summary.json")
+    if stop.checkpoint is not None:
+        typer.echo(f"checkpoint: {stop.checkpoint}; rerun the same command to resume.")
+    else:
+        typer.echo("no checkpoint (--no-checkpoint): a rerun starts from step 0.")
+    raise typer.Exit(code=130) from None
+
+
+def _echo_headline_metrics(history) -> None:
+    """Each headline metric's seed mean at step 0 and at the last step."""
+    last = history[history.step == history.step.max()]
     for col in ("grad_norm", "x_err", "F_gap", "outer_loss"):
         if col in last:
-            first = res.history[res.history.step == 0][col].mean()
+            first = history[history.step == 0][col].mean()
             typer.echo(
                 f"  {col}: {first:.4e} -> {last[col].mean():.4e} (mean over {len(last)} seed(s))"
             )

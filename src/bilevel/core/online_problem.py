@@ -20,7 +20,7 @@ import dataclasses
 import operator
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +94,9 @@ class OnlineProblem(_ProblemCopies):
     metrics: Callable[..., dict] | None = None
     name: str = "online problem"
     reference: Any = None
+
+    #: the kind of problem a solver checks (see ``BilevelProblem.kind``): a stream of rounds
+    kind: ClassVar[str] = "online"
 
     # ---- pytree: arrays are children; functions, samplers and the horizon are static --------
     def tree_flatten(self):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -161,6 +161,10 @@ class BilevelProblem(_ProblemCopies):
     reference: Any = None
     sampling: str = "iid"
     batch_chunks: int = 1
+
+    #: the kind of problem, which a solver checks before anything compiles: ``"offline"`` (one
+    #: f and g, ``bl.solve``) or ``"online"`` (a stream of rounds, ``bl.OnlineProblem``)
+    kind: ClassVar[str] = "offline"
 
     # ---- pytree: arrays are children (traced under jit), functions are static aux data ----
     def tree_flatten(self):

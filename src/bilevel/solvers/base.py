@@ -144,7 +144,9 @@ class Solver(abc.ABC):
     needs_bounded_set: ClassVar[bool] = False
     #: the ``lr_*`` fields that may be ``"auto"`` (filled in by :meth:`resolve`)
     auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_inner",)
-    #: whether the method needs stochastic data (online methods) or works on any problem
+    #: the paper that defines the method: authors, title, venue and year (and the algorithm or
+    #: theorem, where the paper has several); every registered solver sets it, and
+    #: ``bilevel solvers --long`` and ``docs/solvers.md`` list it
     paper: ClassVar[str] = ""
     #: ``lr_inner="auto"`` means ``auto_inner_factor / L_g`` (the paper's inner-step rule)
     auto_inner_factor: ClassVar[float] = 1.0
@@ -156,7 +158,7 @@ class Solver(abc.ABC):
     #: ``lr_lagrangian=None`` is ``lr_inner / 2``)
     optional_step_sizes: ClassVar[tuple[str, ...]] = ()
     #: whether the method is online (a stream of rounds: ``bl.solve_online`` on a
-    #: ``bl.OnlineProblem``; ``solvers/online.py``) or offline (``bl.solve``)
+    #: ``bl.OnlineProblem``, ``kind == "online"``; ``solvers/online/``) or offline (``bl.solve``)
     online: ClassVar[bool] = False
     #: whether the method's minibatches may come split into ``problem.batch_chunks`` parts
     #: (:class:`bilevel.core.sampling.Chunks`): False for a method that reads a batch row by row
@@ -283,9 +285,7 @@ class Solver(abc.ABC):
 
     def check_problem(self, problem: BilevelProblem) -> None:
         """Refuse a problem this solver cannot handle, before anything is compiled."""
-        from bilevel.core.online_problem import OnlineProblem
-
-        if isinstance(problem, OnlineProblem):
+        if getattr(problem, "kind", None) == "online":  # the problem says its kind
             raise ProblemKindError(
                 f"{self.name!r} is an offline solver, but {problem.name} is a "
                 f"bl.OnlineProblem (a stream of {problem.horizon} rounds); run it with an "

@@ -97,8 +97,9 @@ def penalty_x_gradient(f, g, x, y, z, lam, batch_f, batch_gy, batch_gz) -> PyTre
     the estimate of grad L*_lam(x) (Kwon et al. 2023, Lemma 3.1; Jia & Chen, eq. (6) and
     Algorithm 1 line 9), with the given batches of f at y, g at y and g at z (one sample for
     both g terms is the same batch given twice). Three first-order calls; the difference of
-    the two g terms is taken before it is scaled by lam (spec pitfall 2: with lam in the
-    thousands, the bias of y and z is what matters, not this rounding).
+    the two g terms is taken before it is scaled by lam (with lam in the thousands, as F2OBO's
+    lam_t = 5t soon is, the error of the product is lam times the bias of y and z, which
+    dominates this rounding).
     """
     h_fx = oracles.grad_x(f, x, y, batch_f)
     h_gxy = oracles.grad_x(g, x, y, batch_gy)

@@ -1,11 +1,29 @@
-"""The solver registry: ``make(name, **hyperparameters)`` and ``names()``."""
+"""The solver registry: ``make(name, **hyperparameters)``, ``names()`` and the table of every
+registered solver (:func:`table`), which ``bilevel solvers --long`` prints and from which
+``docs/solvers.md`` is generated::
+
+    python -m bilevel.solvers --markdown > docs/solvers.md
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["register", "make", "names", "get", "check_hyperparameters"]
+__all__ = [
+    "register",
+    "make",
+    "names",
+    "get",
+    "check_hyperparameters",
+    "SolverEntry",
+    "table",
+    "format_table",
+    "markdown",
+]
 
 _REGISTRY: dict[str, type] = {}
 
@@ -75,3 +93,60 @@ def check_hyperparameters(cls: type, name: str, hyperparameters) -> None:
             f"solver {name!r} has no hyperparameter(s) {', '.join(map(repr, unknown))}; its "
             f"hyperparameters are: {', '.join(fields)}."
         )
+
+
+# ---- the table of registered solvers ------------------------------------------------------------
+class SolverEntry(NamedTuple):
+    """One registered solver, as ``bilevel solvers --long`` and ``docs/solvers.md`` list it."""
+
+    name: str  # the registered name, ``bl.solvers.make(name)``
+    cls: type  # the class, exported from ``bl.solvers``
+    family: str  # the method family: the folder under ``solvers/``
+    paper: str  # the class's ``paper``: authors, title, venue, year
+    file: str  # the class's file, relative to the ``bilevel`` package
+
+
+def table(kind: str = "all") -> list[SolverEntry]:
+    """Every registered solver of ``kind`` (as :func:`names`), sorted by name."""
+    package = Path(sys.modules[__package__.split(".")[0]].__file__).parent
+    rows = []
+    for name in names(kind):
+        cls = _REGISTRY[name]
+        path = Path(sys.modules[cls.__module__].__file__).relative_to(package)
+        family = path.parent.name  # solvers/<family>/<name>.py
+        rows.append(SolverEntry(name, cls, family, cls.paper, path.as_posix()))
+    return rows
+
+
+def format_table(rows: list[SolverEntry]) -> str:
+    """``rows`` as aligned text columns: name, class, family, file, paper."""
+    cells = [(r.name, r.cls.__name__, r.family, r.file, r.paper) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(4)) + "  " + c[4] for c in cells]
+    return "\n".join(lines)
+
+
+def markdown() -> str:
+    """The page ``docs/solvers.md``: the offline and the online solvers, one row each."""
+    out = [
+        "# Solvers",
+        "",
+        "Every registered solver: its name (`bl.solvers.make(name)`), class (exported from",
+        "`bl.solvers`), family, paper and file (relative to `src/bilevel/`). Generated from",
+        "the registry; do not edit by hand, regenerate it with",
+        "",
+        "    python -m bilevel.solvers --markdown > docs/solvers.md",
+        "",
+        "(`tests/test_solver_registry.py` checks that it is up to date; `bilevel solvers --long`",
+        "prints the same table.) `docs/adding_a_solver.md` explains how to add a row.",
+    ]
+    sections = (
+        ("offline", "Offline solvers (`bl.solve`)"),
+        ("online", "Online solvers (`bl.solve_online`)"),
+    )
+    for kind, title in sections:
+        out += ["", f"## {title}", "", "| name | class | family | paper | file |"]
+        out.append("|---|---|---|---|---|")
+        for r in table(kind):
+            out.append(f"| `{r.name}` | `{r.cls.__name__}` | {r.family} | {r.paper} | `{r.file}` |")
+    return "\n".join(out) + "\n"

@@ -1,8 +1,8 @@
 r"""What the Frank-Wolfe (projection-free) bilevel methods share: IBCG and SBFW.
 
 Both methods of the IBCG paper's comparison (Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani,
-"An Inexact Conditional Gradient Method for Constrained Bilevel Optimization", preprint;
-spec ``shared/specs/ibcg.md``) reach the compact convex set X only through its linear
+"An Inexact Conditional Gradient Method for Constrained Bilevel Optimization", preprint,
+arXiv:2306.02429, Sec. 5 and App. G.1) reach the compact convex set X only through its linear
 minimization oracle (LMO) and move by a convex combination
 
     s_k = argmin_{s in X} <s, d_k>,        x_{k+1} = x_k + step (s_k - x_k),

@@ -1,9 +1,8 @@
 r"""IBCG: the inexact bilevel conditional gradient method (Algorithm 1).
 
 Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani. "An Inexact Conditional Gradient Method for
-Constrained Bilevel Optimization." Preprint (U. Arizona / UT Austin; the stored text,
-``shared/papers/ibcg_inexact_conditional_gradient_constrained_bilevel.txt``, names no venue or
-year). Spec: ``shared/specs/ibcg.md``.
+Constrained Bilevel Optimization." Preprint (U. Arizona / UT Austin), arXiv:2306.02429, 2023;
+the paper's text names no venue.
 
 A projection-free (Frank-Wolfe) method for ``min_{x in X} l(x) = f(x, y*(x))`` with a compact
 convex X reached only through its linear minimization oracle (LMO). One loop, no inner loops:
@@ -92,7 +91,8 @@ class IBCG(FrankWolfeSolver):
         lr_inner: alpha, the y step (line 8). ``"auto"``: ``2/(mu_g + L_g)`` (Lemma B.1) with
             mu_g, L_g estimated by ``bl.diagnose`` at (x0, y0).
         lr_adjoint: eta, the w step (line 4); theory asks ``eta < (1 - beta)/mu_g =
-            2/(mu_g + L_g)`` strictly (spec pitfall 6). ``"auto"``: 0.99 of that bound.
+            2/(mu_g + L_g)`` strictly (Lemma 3.1, Theorems 4.1 and 4.3). ``"auto"``: 0.99 of
+            that bound.
         gamma_rule: ``"convex"`` (l convex, Theorem 4.1: gamma = log K / K) or ``"nonconvex"``
             (Theorem 4.3: gamma = 1/sqrt(K), the default since it assumes nothing).
         horizon: K, the run's length, for ``lr_outer="auto"``; ``None``: ``bl.solve`` fills in
@@ -127,8 +127,9 @@ class IBCG(FrankWolfeSolver):
 
     name: ClassVar[str] = "ibcg"
     paper: ClassVar[str] = (
-        "Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani: An Inexact Conditional Gradient "
-        "Method for Constrained Bilevel Optimization (preprint)"
+        "Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani. An Inexact Conditional Gradient "
+        "Method for Constrained Bilevel Optimization. Preprint, arXiv:2306.02429, 2023, "
+        "Algorithm 1."
     )
     auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner", "lr_adjoint")
 
@@ -161,7 +162,7 @@ class IBCG(FrankWolfeSolver):
                     "IBCG(lr_outer='auto') is the paper's gamma for the horizon K: give "
                     "horizon=K (bl.solve fills it with steps) or lr_outer as a number."
                 )
-            if self.horizon < 2:  # spec pitfall 5: log K / K = 0 at K = 1
+            if self.horizon < 2:  # Corollaries 4.2, 4.4: log K / K = 0 at K = 1
                 raise ValueError(
                     f"IBCG(lr_outer='auto') needs a horizon K >= 2 (log 1 = 0), got "
                     f"{self.horizon:g}; run more steps or give lr_outer."

@@ -3,7 +3,7 @@ r"""SBFW: the stochastic bilevel Frank-Wolfe method, as the IBCG paper runs it (
 Akhtar, Bedi, Thomdapu, Rajawat. "Projection-Free Stochastic Bi-Level Optimization." IEEE
 Trans. Signal Process. 70, 2022 [ABTR22]. Implemented as Abolfazli, Jiang, Mokhtari,
 Yazdandoost Hamedani write it for their comparison ("An Inexact Conditional Gradient Method
-for Constrained Bilevel Optimization", preprint, App. G.1; spec ``shared/specs/ibcg.md`` 2.3).
+for Constrained Bilevel Optimization", preprint, arXiv:2306.02429, App. G.1).
 
 A projection-free single-loop method like IBCG, but with decaying steps, a STORM-like momentum
 on the hypergradient estimate, and a randomised Neumann estimate of the Hessian inverse whose
@@ -33,7 +33,7 @@ from bilevel.solvers.frank_wolfe.base import (
     frank_wolfe_step,
     merge_counts,
 )
-from bilevel.solvers.hypergradient.implicit import RandomNeumann
+from bilevel.solvers.hypergradient.adjoint import RandomNeumann
 from bilevel.solvers.registry import register
 
 __all__ = ["SBFW", "SBFWState", "sbfw_weights", "TUNED"]
@@ -68,7 +68,8 @@ def sbfw_weights(k, lr_outer=ETA_1, lr_inner=1.0) -> tuple[jax.Array, jax.Array,
 
     App. G.1: ``rho_k = 2/k^{1/2}``, ``eta_k = 2/(k+1)^{3/4}``, ``delta_k = a_0/k^{1/2}``
     from k = 1 (delta_0 is undefined). ``rho_k >= 1`` for k <= 4 and ``eta_k > 1`` for
-    k in {0, 1}: both are CLIPPED to [0, 1] (the paper is silent; spec pitfall 13). With
+    k in {0, 1}: both are CLIPPED to [0, 1] (the paper is silent; a step above 1 would leave
+    X, a weight above 1 flip the momentum's sign). With
     ``rho_1 = 1`` the momentum starts at ``d_1 = h(x_1, y_1)`` whatever d_0 is.
 
     Args:
@@ -96,7 +97,8 @@ class SBFW(FrankWolfeSolver):
         M(x, y) = d2g/dxdy (x, y) [(k/L_g) prod_{i=1}^{l} (I - d2g/dy2 (x, y) / L_g)],  l ~ U{1..k}
 
     with the steps of :func:`sbfw_weights` (clipped). The y step is taken at
-    ``(x_{k-1}, y_{k-1})`` literally (spec 2.3). Both h evaluations of a step use the SAME
+    ``(x_{k-1}, y_{k-1})``, literally as App. G.1 writes it (its index bookkeeping leaves the
+    other reading, x_k, open). Both h evaluations of a step use the SAME
     sample: the same l and, with minibatches, the same outer draw, Hessian draw and cross
     draw -- the STORM estimator of [ABTR22] differences one sample at two points. With
     minibatches one inner draw serves all l Hessian products of M (Ghadimi & Wang's estimator
@@ -133,8 +135,8 @@ class SBFW(FrankWolfeSolver):
 
     name: ClassVar[str] = "sbfw"
     paper: ClassVar[str] = (
-        "Akhtar, Bedi, Thomdapu, Rajawat: Projection-Free Stochastic Bi-Level Optimization "
-        "(IEEE TSP 2022), as run by Abolfazli et al. (IBCG, App. G.1)"
+        "Akhtar, Bedi, Thomdapu, Rajawat. Projection-Free Stochastic Bi-Level Optimization. "
+        "IEEE Trans. Signal Process. 70, 2022; as run in the IBCG paper, App. G.1."
     )
 
     def validate(self) -> None:

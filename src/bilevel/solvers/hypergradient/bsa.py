@@ -3,8 +3,8 @@ r"""BSA: bilevel stochastic approximation, a double-loop baseline of STABLE.
 Ghadimi & Wang. "Approximation Methods for Bilevel Programming." arXiv:1802.02246, 2018
 (Algorithm 2 with the inner SGD of Algorithm 1 and the Hessian-inverse estimate of
 Algorithm 3). Run as a baseline in the STABLE paper (Chen, Sun, Xiao, Yin, AISTATS 2022,
-Sec. 4); spec ``shared/specs/stable.md`` Sec. 2.5. A preset of the implicit-gradient family
-(``solvers/implicit.py``) with the Neumann or randomised-Neumann strategy.
+Sec. 4, Fig. 1). A preset of the implicit-gradient family (``hypergradient/implicit.py``): the
+Neumann or randomised-Neumann adjoint timed by a ``DoubleLoop`` of T inner steps.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from bilevel.solvers.base import IterateState
 from bilevel.solvers.hypergradient.implicit import StochasticApproximation
+from bilevel.solvers.hypergradient.timing import DoubleLoop, Timing
 from bilevel.solvers.registry import register
 
 __all__ = ["BSA", "BSAState", "BSA_REGIMES"]
@@ -83,4 +84,12 @@ class BSA(StochasticApproximation):
     k0: float = 100.0
 
     name: ClassVar[str] = "bsa"
+    paper: ClassVar[str] = (
+        "Ghadimi, Wang. Approximation Methods for Bilevel Programming. arXiv:1802.02246, 2018, "
+        "Algorithm 2."
+    )
     regimes: ClassVar[dict[str, tuple[float, float]]] = BSA_REGIMES
+
+    def timing(self) -> Timing:
+        # warm-started from the previous inner output, T steps, then Alg. 3 at the new y
+        return DoubleLoop(inner_steps=self.inner_steps, **self._timing_options())

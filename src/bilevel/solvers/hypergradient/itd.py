@@ -3,7 +3,7 @@ r"""ITD-R: iterative differentiation in reverse mode through the unrolled inner 
 Franceschi, Donini, Frasconi, Pontil. "Forward and Reverse Gradient-Based Hyperparameter
 Optimization." ICML 2017 (REVERSE-HG). Grazzi, Franceschi, Pontil, Salzo. "On the Iteration
 Complexity of Hypergradient Computation." ICML 2020 (ITD, hypertorch ``reverse``). The PZOBO paper
-runs it as "ITD-R" / "REVERSE" (spec ``shared/specs/pzobo.md`` section 3.5).
+runs it as "ITD-R" / "REVERSE" (Sow, Ji & Liang, NeurIPS 2022, App. B.1).
 
 The hypergradient is the exact gradient of the N-step surrogate
 
@@ -91,7 +91,10 @@ class ITD(Solver):
     warm_start: bool = True
 
     name: ClassVar[str] = "itd"
-    paper: ClassVar[str] = "Franceschi, Donini, Frasconi, Pontil. ICML 2017"
+    paper: ClassVar[str] = (
+        "Franceschi, Donini, Frasconi, Pontil. Forward and Reverse Gradient-Based "
+        "Hyperparameter Optimization. ICML 2017."
+    )
 
     def hypergradient(
         self, problem: BilevelProblem, x: PyTree, y: PyTree, mb: Minibatches, k=0

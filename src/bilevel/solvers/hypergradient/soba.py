@@ -5,10 +5,11 @@ algorithms" (arXiv:2201.13409). The inner iterate y, the adjoint v (the solution
 system of the implicit function theorem) and x move at the same time, each along a direction
 that is a *sum* over samples, so one sample gives an unbiased estimate of all three.
 
-A preset of the implicit-gradient family (``solvers/implicit.py``): its ``two_timescale``
-schedule (one y step, every direction at the step's start) with the
-:class:`~bilevel.solvers.hypergradient.implicit.LinearSystemStep` adjoint (one SGD step on the linear system,
-warm-started from the previous v) and the Hessian product on the y step's own sample.
+A preset of the implicit-gradient family (``hypergradient/implicit.py``), the composition of
+two strategies: the :class:`~bilevel.solvers.hypergradient.adjoint.LinearSystemStep` adjoint
+(one SGD step on the linear system, warm-started from the previous v) timed by a
+:class:`~bilevel.solvers.hypergradient.timing.SingleLoop` (one y step, every direction at the
+step's start, the Hessian product and the cross term on the y step's own sample).
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from bilevel.solvers.hypergradient.implicit import (
-    Adjoint,
-    AdjointState,
-    ImplicitSolver,
-    LinearSystemStep,
-)
+from bilevel.solvers.hypergradient.adjoint import Adjoint, LinearSystemStep
+from bilevel.solvers.hypergradient.implicit import AdjointState, ImplicitSolver
+from bilevel.solvers.hypergradient.timing import SingleLoop, Timing
 from bilevel.solvers.registry import register
 
 __all__ = ["SOBA", "SOBAState", "SOBA_REGIMES"]
@@ -92,13 +90,19 @@ class SOBA(ImplicitSolver):
     k0: float = 1.0
 
     name: ClassVar[str] = "soba"
-    paper: ClassVar[str] = "Dagreou, Ablin, Vaiter, Moreau. NeurIPS 2022"
+    paper: ClassVar[str] = (
+        "Dagreou, Ablin, Vaiter, Moreau. A framework for bilevel optimization that enables "
+        "stochastic and global variance reduction algorithms. NeurIPS 2022."
+    )
     regimes: ClassVar[dict[str, tuple[float, float]]] = SOBA_REGIMES
-    two_timescale: ClassVar[bool] = True  # all directions at (x_k, y_k, v_k), applied together
-    hessian_shares_step: ClassVar[bool] = True  # one inner sample i for D_y, D_v and D_x
 
     def adjoint(self) -> Adjoint:
         return LinearSystemStep()  # lr = rho_k, the inner step of the same iteration
+
+    def timing(self) -> Timing:
+        # all directions at (x_k, y_k, v_k), applied together; one inner sample i for D_y, D_v
+        # and D_x
+        return SingleLoop(hessian_shares_step=True, **self._decay())
 
     def validate(self) -> None:
         self._check_regime()

@@ -2,7 +2,8 @@ r"""stocBiO: stochastic bilevel optimizer with a Neumann-series hypergradient (b
 
 Ji, Yang, Liang. "Bilevel Optimization: Convergence Analysis and Enhanced Design." ICML 2021,
 Algorithms 2 and 3. The F2SA paper (Kwon et al., ICML 2023) runs it as "SOBO" with Neumann
-degree Q = 5. A preset of the implicit-gradient family (``solvers/implicit.py``).
+degree Q = 5. A preset of the implicit-gradient family (``hypergradient/implicit.py``): the
+``Neumann`` adjoint timed by a ``DoubleLoop`` of D inner steps.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import dataclasses
 from typing import Any, ClassVar
 
 from bilevel.solvers.base import IterateState
-from bilevel.solvers.hypergradient.implicit import Adjoint, ImplicitSolver, Neumann
+from bilevel.solvers.hypergradient.adjoint import Adjoint, Neumann
+from bilevel.solvers.hypergradient.implicit import ImplicitSolver
+from bilevel.solvers.hypergradient.timing import DoubleLoop, Timing
 from bilevel.solvers.registry import register
 
 StocBiOState = IterateState  # x, y (see the class docstring), k, key, counts, outer_state
@@ -28,8 +31,9 @@ class StocBiO(ImplicitSolver):
         v  = eta sum_{q=0}^{Q} prod_{j=1}^{q} (I - eta H_j) grad_y f(x_k, y; D_F)   (Alg. 3)
         x <- Proj_X(x_k - lr_outer [grad_x f(x_k, y; D_F) - (d^2 g/dx dy)(x_k, y; D_G) v])
 
-    with an independent minibatch Hessian H_j = d^2 g/dy^2 (x_k, y; B_j) for every factor
-    (the family's :class:`~bilevel.solvers.hypergradient.implicit.Neumann` strategy with Q + 1 terms).
+    with an independent minibatch Hessian H_j = d^2 g/dy^2 (x_k, y; B_j) for every factor:
+    the family's :class:`~bilevel.solvers.hypergradient.adjoint.Neumann` adjoint with Q + 1
+    terms, timed by a :class:`~bilevel.solvers.hypergradient.timing.DoubleLoop` of D steps.
 
     Args:
         lr_outer: x step (alpha), float or schedule.
@@ -55,6 +59,10 @@ class StocBiO(ImplicitSolver):
     neumann_lr: float | None = None
 
     name: ClassVar[str] = "stocbio"
+    paper: ClassVar[str] = (
+        "Ji, Yang, Liang. Bilevel Optimization: Convergence Analysis and Enhanced Design. "
+        "ICML 2021, Algorithm 2."
+    )
 
     def validate(self) -> None:
         if not isinstance(self.neumann_steps, int) or self.neumann_steps < 0:
@@ -63,3 +71,6 @@ class StocBiO(ImplicitSolver):
 
     def adjoint(self) -> Adjoint:
         return Neumann(lr=self._adjoint_lr("neumann_lr"), num_terms=self.neumann_steps + 1)
+
+    def timing(self) -> Timing:
+        return DoubleLoop(inner_steps=self.inner_steps)  # y_k^0 = y_{k-1}^D: warm (Algorithm 2)

@@ -3,12 +3,12 @@ r"""TTSA: two-timescale stochastic approximation for bilevel problems (baseline 
 Hong, Wai, Wang, Yang. "A Two-Timescale Stochastic Algorithm Framework for Bilevel
 Optimization: Complexity Analysis and Application to Actor-Critic." SIAM J. Optim. 2023
 (arXiv:2007.05170, 2020). Implemented as the STABLE paper (Chen, Sun, Xiao, Yin, AISTATS 2022)
-writes it in its eq. (7) and runs it in its Sec. 4; spec ``shared/specs/stable.md`` Sec. 2.4.
+writes it in its eq. (7) and runs it in its Sec. 4.
 
 One stochastic gradient step on y and one projected hypergradient step on x per iteration, with
 no correction for the motion of y*(x): the x step must be on a slower timescale,
-alpha_k / beta_k -> 0. A preset of the implicit-gradient family (``solvers/implicit.py``) with
-its ``two_timescale`` schedule and the Neumann or randomised-Neumann strategy.
+alpha_k / beta_k -> 0. A preset of the implicit-gradient family (``hypergradient/implicit.py``):
+the Neumann or randomised-Neumann adjoint timed by a ``SingleLoop``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import jax.numpy as jnp
 
 from bilevel.core.problem import BilevelProblem
 from bilevel.solvers.base import IterateState
-from bilevel.solvers.hypergradient.implicit import Adjoint, StochasticApproximation
+from bilevel.solvers.hypergradient.adjoint import Adjoint
+from bilevel.solvers.hypergradient.implicit import StochasticApproximation
+from bilevel.solvers.hypergradient.timing import SingleLoop, Timing
 from bilevel.solvers.registry import register
 
 __all__ = ["TTSA", "TTSAState", "TTSA_REGIMES"]
@@ -70,7 +72,7 @@ class TTSA(StochasticApproximation):
         neumann_steps: N, terms of the Neumann series (N - 1 Hessian samples). NOT IN PAPER:
             the papers take N = O((L_g/mu_g) log(1/eps)); 50 gives a relative bias
             (1 - mu_g/L_g)^50 = 5e-3 at condition number 10. ``"growing"``: TTSA as the IBCG
-            paper runs it (Abolfazli et al., App. G.1; spec ibcg.md 2.4), N at iteration k is
+            paper runs it (Abolfazli et al., App. G.1), N at iteration k is
             ``t_max(k) = max(1, ceil((L_g/mu_g) log(k + 1)))`` (the paper writes no rounding,
             and t_max(0) = 0: ceil and the floor at 1 are ours), at most ``max_neumann``.
         max_neumann: the cap of the growing length, and the Hessian samples declared per step
@@ -105,13 +107,20 @@ class TTSA(StochasticApproximation):
     condition_number: float | None = None
 
     name: ClassVar[str] = "ttsa"
+    paper: ClassVar[str] = (
+        "Hong, Wai, Wang, Yang. A Two-Timescale Stochastic Algorithm Framework for Bilevel "
+        "Optimization: Complexity Analysis and Application to Actor-Critic. SIAM J. Optim. 2023 "
+        "(arXiv:2007.05170, 2020)."
+    )
     regimes: ClassVar[dict[str, tuple[float, float]]] = TTSA_REGIMES
-    two_timescale: ClassVar[bool] = True  # (7a) and (7b) both at (x^k, y^k); phi^k in both
 
     @property
     def growing(self) -> bool:
         """Whether the Neumann length grows as t_max(k) (the IBCG paper's TTSA)."""
         return self.neumann_steps == "growing"
+
+    def timing(self) -> Timing:
+        return SingleLoop(**self._timing_options())  # (7a), (7b) at (x^k, y^k), phi^k in both
 
     def adjoint(self) -> Adjoint:
         if not self.growing:

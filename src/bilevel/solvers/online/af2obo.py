@@ -1,10 +1,10 @@
 r"""AF2OBO: F2OBO with adaptive inner iterations (Jia & Chen, arXiv:2602.11665, Algorithm 2).
 
-F2OBO (``solvers/f2obo.py``) runs a fixed K inner steps per round, so its regret carries the
+F2OBO (``online/f2obo.py``) runs a fixed K inner steps per round, so its regret carries the
 drift of the inner solutions H_{2,T} (Theorem 3.1). AF2OBO instead runs each inner sequence
 until the norm of its gradient at the committed x_t falls below a tolerance, first the
 g-solver z, then the Lagrangian solver y; strong convexity turns the two tests into distance
-bounds (eqs. (10)-(11); eq. (11) prints y_{t+1} where z_{t+1} is meant, spec pitfall 10)::
+bounds (eqs. (10)-(11); eq. (11) prints y_{t+1} where z_{t+1}, the g-solver, is meant)::
 
     (lam_t mu_g / 2) ||y_{t+1} - y*_{lam_t,t}(x_t)|| <= ||grad_y L_t(x_t, y_{t+1})|| <= delta_y
     mu_g ||z_{t+1} - y*_t(x_t)|| <= ||grad_y g_t(x_t, z_{t+1})|| <= delta_z
@@ -66,9 +66,9 @@ class AF2OBO(PenaltyOnlineSolver):
         x_{t+1} = Proj_X(x_t - gamma ghat_t)                            # constant gamma
         lam_{t+1} = (1 + 1/t)^tau lam_t,  i.e. lam_t = lam_1 t^tau
 
-    The y test is on the unnormalised ||grad_y L_t||, so it gets stricter as lam_t grows (spec
-    pitfall 6). Each loop is a ``lax.while_loop`` capped at ``max_inner_steps`` steps; the
-    steps each round made are in the state (``iterations_z``, ``iterations_y``) and in
+    The y test is on the unnormalised ||grad_y L_t|| (Algorithm 2 as printed), so it gets
+    stricter as lam_t grows. Each loop is a ``lax.while_loop`` capped at ``max_inner_steps``
+    steps; the steps each round made are in the state (``iterations_z``, ``iterations_y``) and in
     ``res.history`` (``inner_iterations_z``, ``inner_iterations_y``): a round at the cap shows
     ``max_inner_steps`` there. The gradient a test evaluates is the one its step uses.
 
@@ -93,7 +93,8 @@ class AF2OBO(PenaltyOnlineSolver):
         delta_z: the z tolerance, default 0.1 (Experiment 1), or ``"theory"``: delta_z =
             T^-(1+2 tau)/2. Numbers are traced leaves (a new value does not recompile).
         max_inner_steps: the cap on each loop per round, default 1000 (the paper has none;
-            thresholds near float resolution need one, spec pitfall 6).
+            Theorem 4.1's thresholds T^-1/2 and T^-(1+2 tau)/2 can sit below float
+            resolution for large T, and then need one).
 
     Per-round counts: with I_z, I_y the steps of the two loops, ``grad_g = I_z + 1`` (z loop)
     ``+ I_y + 1`` (y loop) ``+ 2`` (ghat) and ``grad_f = I_y + 1 + 1``; no second-order calls.
@@ -104,7 +105,10 @@ class AF2OBO(PenaltyOnlineSolver):
     max_inner_steps: int = 1000
 
     name: ClassVar[str] = "af2obo"
-    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Algorithm 2"
+    paper: ClassVar[str] = (
+        "Jia, Chen. Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization. "
+        "arXiv:2602.11665, 2026, Algorithm 2."
+    )
     #: per-round inner iterations vary (the test battery checks monotone counts instead)
     adaptive: ClassVar[bool] = True
 

@@ -1,4 +1,5 @@
-r"""AOBO and FSOBO: the online hypergradient methods of Jia, Wang & Chen (2026).
+r"""AOBO: the adaptive online hypergradient method of Jia, Wang & Chen (2026), and the round
+FSOBO (``fsobo.py``) shares.
 
 "Achieving Better Local Regret Bound for Online Non-Convex Bilevel Optimization",
 arXiv:2602.06457 (reference [14] of F2OBO, arXiv:2602.11665). AOBO ("an algorithm with adaptive
@@ -9,16 +10,15 @@ projected step on x with the implicit hypergradient. FSOBO ("a fully single-loop
 regret bound includes an additional gradient-variation term", regret O(1 + V_T + H_{2,T} +
 E_{2,T})) makes one step of each per round.
 
-What could and could not be checked (spec ``shared/specs/f2obo.md``, "Baselines"): the
-abstract above, the F2OBO paper's Table 1 (AOBO O(T log T) gradient and HVP queries, FSOBO O(T)
-of each), its Appendix A (Experiment 1: AOBO with delta = 0.1, 5 linear-system steps, inner
-step 0.1, outer step 0.001) and its Algorithm 2 (AF2OBO, "building on the adaptive-iteration
-strategy in AOBO [14]": warm start y_{t+1} <- y_t, then ``while ||grad_y g_t(x_t, y_{t+1})|| >
-delta: y_{t+1} <- y_{t+1} - alpha grad_y g_t(x_t, y_{t+1})``). AOBO's own pseudocode was not
-reachable (only the abstract and the first page of arXiv:2602.06457 were), so the round below
-is the spec's [inferred] reading, with AF2OBO's loop for the y part: the order (y, then v at
-the new y, then x at the new y and v), the warm start of v across rounds and the linear-system
-step size are not verified.
+What could and could not be checked: the abstract above, the F2OBO paper's Table 1 (AOBO O(T log T)
+gradient and HVP queries, FSOBO O(T) of each), its Appendix A (Experiment 1: AOBO with delta = 0.1,
+5 linear-system steps, inner step 0.1, outer step 0.001) and its Algorithm 2 (AF2OBO, "building on
+the adaptive-iteration strategy in AOBO [14]": warm start y_{t+1} <- y_t, then ``while ||grad_y
+g_t(x_t, y_{t+1})|| > delta: y_{t+1} <- y_{t+1} - alpha grad_y g_t(x_t, y_{t+1})``). AOBO's own
+pseudocode was not reachable (only the abstract and the first page of arXiv:2602.06457 were), so the
+round below is our reading of these sources, with AF2OBO's loop for the y part: the order (y, then v
+at the new y, then x at the new y and v), the warm start of v across rounds and the linear-system
+step size are inferred, not verified.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from bilevel.core import oracles
 from bilevel.core.oracles import Counts
 from bilevel.core.schedules import round_step_size
-from bilevel.core.tree import tree_axpy, tree_norm, tree_zeros_like
+from bilevel.core.tree import tree_norm, tree_zeros_like
 from bilevel.solvers.base import OuterState
 from bilevel.solvers.common import descend_until, linear_system_hypergradient
 from bilevel.solvers.online.base import OnlineSolver
@@ -40,7 +40,7 @@ from bilevel.solvers.registry import register
 
 PyTree = Any
 
-__all__ = ["AOBO", "FSOBO", "AOBOState"]
+__all__ = ["AOBO", "AOBOState", "HypergradientRound"]
 
 
 class AOBOState(NamedTuple):
@@ -56,7 +56,7 @@ class AOBOState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _HypergradientRound(OnlineSolver):
+class HypergradientRound(OnlineSolver):
     """The round shared by AOBO and FSOBO: y steps on g_t, ``linear_steps`` steps on the linear
     system from the previous v, one projected x step with the implicit hypergradient."""
 
@@ -136,7 +136,7 @@ class _HypergradientRound(OnlineSolver):
 
 @register("aobo")
 @dataclasses.dataclass(frozen=True)
-class AOBO(_HypergradientRound):
+class AOBO(HypergradientRound):
     r"""AOBO (Jia, Wang & Chen, arXiv:2602.06457): adaptive inner iterations, then a fixed
     number of linear-system steps, then a projected hypergradient step. Round t, at x_t::
 
@@ -149,7 +149,7 @@ class AOBO(_HypergradientRound):
         x_{t+1} = Proj_X(x_t - gamma h_t)
 
     with y_1 = y0 and v_1 = 0. The y loop is AF2OBO's (arXiv:2602.11665, Algorithm 2 lines 3-6,
-    which cites AOBO for it); the rest is the spec's [inferred] reading (module docstring).
+    which cites AOBO for it); the rest is inferred (module docstring).
 
     Args:
         lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A, Experiment 1: "all algorithms
@@ -178,7 +178,10 @@ class AOBO(_HypergradientRound):
     linear_steps: int = 5
 
     name: ClassVar[str] = "aobo"
-    paper: ClassVar[str] = "Jia, Wang & Chen, arXiv:2602.06457 (AOBO)"
+    paper: ClassVar[str] = (
+        "Jia, Wang, Chen. Achieving Better Local Regret Bound for Online Non-Convex Bilevel "
+        "Optimization. arXiv:2602.06457, 2026 (AOBO)."
+    )
     #: the y steps per round vary (``inner_iterations``), so do the per-round oracle counts
     adaptive: ClassVar[bool] = True
 
@@ -200,35 +203,3 @@ class AOBO(_HypergradientRound):
 
         y, steps, norm = descend_until(grad, y, lr, self.tolerance, self.max_inner_steps)
         return y, steps, norm, steps + 1
-
-
-@register("fsobo")
-@dataclasses.dataclass(frozen=True)
-class FSOBO(_HypergradientRound):
-    r"""FSOBO (Jia, Wang & Chen, arXiv:2602.06457): the fully single-loop variant of AOBO, one
-    y step, one linear-system step (v warm-started) and one x step per round::
-
-        y_{t+1} = y_t - alpha grad_y g_t(x_t, y_t)
-        v_{t+1} = v_t - beta (d2g_t/dy2 (x_t, y_{t+1}) v_t - grad_y f_t(x_t, y_{t+1}))
-        x_{t+1} = Proj_X(x_t - gamma (grad_x f_t(x_t, y_{t+1}) - d2g_t/dxdy (x_t, y_{t+1}) v_{t+1}))
-
-    The spec's [inferred] reading (the paper's pseudocode was not reachable; module docstring):
-    the F2OBO paper's Table 1 gives O(T) gradient and O(T) HVP queries and regret
-    O(1 + V_T + H_{2,T} + E_{2,T}), which one step of each per round matches.
-
-    Args:
-        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A: "all algorithms").
-        lr_inner: alpha, default 0.1 (the same).
-        lr_linear: beta; ``None`` (default) = ``lr_inner`` [inferred, not reported].
-        batch_size: ``None`` = the whole round; else one inner batch each for the y step, the
-            Hessian product and the cross term, one outer batch for both partials of f.
-
-    Per-round counts: ``grad_g = 1``, ``grad_f = 1`` (fused), ``hvp = 1``, ``cross = 1``.
-    """
-
-    name: ClassVar[str] = "fsobo"
-    paper: ClassVar[str] = "Jia, Wang & Chen, arXiv:2602.06457 (FSOBO)"
-
-    def inner_update(self, g, x, y, batch, lr):
-        grad = oracles.grad_y(g, x, y, batch)  # no stopping test: report the norm stepped on
-        return tree_axpy(-lr, grad, y), 1, tree_norm(grad), 1

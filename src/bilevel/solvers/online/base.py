@@ -85,10 +85,9 @@ class OnlineSolver(Solver):
         return self
 
     def check_problem(self, problem) -> None:
-        """Refuse anything but a :class:`bilevel.OnlineProblem` this solver can play."""
-        from bilevel.core.online_problem import OnlineProblem
-
-        if not isinstance(problem, OnlineProblem):
+        """Refuse anything but a :class:`bilevel.OnlineProblem` this solver can play (a problem
+        says its kind by its ``kind`` attribute)."""
+        if getattr(problem, "kind", None) != "online":
             raise ProblemKindError(
                 f"{self.name!r} is an online solver: it plays a stream of rounds f_t, g_t and "
                 f"needs a bl.OnlineProblem, got {type(problem).__name__}. Wrap the stream as "

@@ -1,7 +1,8 @@
-r"""F2OBO: the fully first-order online bilevel optimizer (Algorithm 1) and its single loop.
+r"""F2OBO: the fully first-order online bilevel optimizer (Algorithm 1), and the round
+schedule of the paper's four methods.
 
 Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
-arXiv:2602.11665 (2026). Spec: ``shared/specs/f2obo.md`` (sections 2 and 5).
+arXiv:2602.11665 (2026), Algorithm 1 and Theorem 3.1.
 
 At round t the hypergradient of F_t is replaced by the gradient of the penalty surrogate
 L*_t(x) = f_t(x, y*_{lam_t,t}) + lam_t (g_t(x, y*_{lam_t,t}) - g_t(x, y*_t)) (eq. (6)), with
@@ -9,12 +10,15 @@ two warm-started inner sequences: z tracks y*_t(x_t) = argmin_y g_t, y tracks
 y*_{lam_t,t}(x_t) = argmin_y f_t + lam_t g_t and is the committed inner decision. No second
 derivative is evaluated. The multiplier grows, lam_t = lam_1 t^tau, so the bias
 ||grad F_t - grad L*_t|| <= D_1 / lam_t (Lemma B.2) vanishes, and the y-step must shrink like
-1/lam_t (spec pitfall 1): beta_t = lr_lagrangian / lam_t.
+1/lam_t (Theorem 3.1: beta_t <= 1/(2 lam_t L_{g,1}); a constant beta diverges once lam_t L_g
+exceeds 2): beta_t = lr_lagrangian / lam_t.
 
 The x-gradients share F2SA's pieces (``solvers/common.py``: the two inner sequences and the
-penalty x-gradient at detached y, z), with f_t, g_t of the round. SF2OBO (Algorithm 3) will be a
-subclass overriding :meth:`F2OBO.schedule` (its alpha_t, beta_t decays) and the per-round K_t,
-B_t; the minibatch layout below is already Algorithm 3's.
+penalty x-gradient at detached y, z), with f_t, g_t of the round. :class:`PenaltyOnlineSolver`
+holds what the paper's four methods share (the multiplier and the round schedule); F2OBO-SL
+(``f2obo_sl.py``, Theorem 3.2) and SF2OBO (``sf2obo.py``, Algorithm 3) subclass F2OBO, whose
+minibatch layout below is already Algorithm 3's, and AF2OBO (``af2obo.py``, Algorithm 2)
+subclasses :class:`PenaltyOnlineSolver`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from bilevel.solvers.registry import register
 
 PyTree = Any
 
-__all__ = ["F2OBO", "F2OBOSingleLoop", "F2OBOState", "PenaltyOnlineSolver", "RoundSchedule"]
+__all__ = ["F2OBO", "F2OBOState", "PenaltyOnlineSolver", "RoundSchedule"]
 
 
 class F2OBOState(NamedTuple):
@@ -114,7 +118,8 @@ class F2OBO(PenaltyOnlineSolver):
         lam_{t+1} = (1 + 1/t)^tau lam_t,  i.e. lam_t = lam_1 t^tau
 
     (the closed form is used: the recursion from lam_1 gives exactly lam_1 t^tau; the paper's
-    product formula has an off-by-one, spec section 2). z_1 = y_1 = y0.
+    product formula, lam_t = lam_1 prod_{s<=t} (1 + 1/s)^tau, would give lam_1 (t + 1)^tau, one
+    round ahead). z_1 = y_1 = y0.
 
     Args:
         lr_outer: gamma, the x step (a float, or a schedule of the round t). Default 0.001, the
@@ -145,7 +150,10 @@ class F2OBO(PenaltyOnlineSolver):
     inner_steps: int = 5
 
     name: ClassVar[str] = "f2obo"
-    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Algorithm 1"
+    paper: ClassVar[str] = (
+        "Jia, Chen. Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization. "
+        "arXiv:2602.11665, 2026, Algorithm 1."
+    )
 
     def init(self, problem, key: jax.Array) -> F2OBOState:
         return F2OBOState(
@@ -204,32 +212,3 @@ class F2OBO(PenaltyOnlineSolver):
         return F2OBOState(
             x=x_new, y=y, z=z, t=t + 1, key=key, counts=counts, outer_state=outer_state
         )
-
-
-@register("f2obo-sl")
-@dataclasses.dataclass(frozen=True)
-class F2OBOSingleLoop(F2OBO):
-    r"""Single-loop F2OBO (Jia & Chen, arXiv:2602.11665, Theorem 3.2): Algorithm 1 with K = 1.
-
-    One z step and one y step per round, with Theorem 3.2's schedules: lam_t = lam1 t^tau with
-    tau in (0, 1/2), the recommended tau = 1/3 the default; gamma_t = lr_outer t^-tau (the
-    theorem's gamma_t ~ 1/(lam_1 t^tau)); beta_t = lr_lagrangian / lam_t with the default
-    lr_lagrangian = lr_inner / 2 giving the theorem's beta_t = 1/(2 lam_t L_g) at
-    lr_inner = 1/L_g. Regret O(T^(1/3) (1 + V_T) + T^(2/3) P_T) at tau = 1/3 (eq. (8)).
-    ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1).
-    """
-
-    inner_steps: int = 1
-    tau: float = 1 / 3
-
-    name: ClassVar[str] = "f2obo-sl"
-    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Theorem 3.2"
-    outer_decays: ClassVar[bool] = True
-
-    def validate(self) -> None:
-        super().validate()
-        if self.inner_steps != 1:
-            raise ValueError(
-                f"F2OBOSingleLoop(inner_steps={self.inner_steps}) must be 1: F2OBO-SL is the "
-                "single-loop variant; use 'f2obo' for K > 1 inner steps."
-            )

@@ -40,7 +40,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.schedules import round_step_size
 from bilevel.solvers.base import OuterState
 from bilevel.solvers.common import Levels, implicit_hypergradient, inner_sgd
-from bilevel.solvers.hypergradient.implicit import ConjugateGradient
+from bilevel.solvers.hypergradient.adjoint import ConjugateGradient
 from bilevel.solvers.online.base import OnlineSolver
 from bilevel.solvers.online.window import check_window, lag_weights, weighted_sum
 from bilevel.solvers.registry import register
@@ -95,7 +95,10 @@ class OAGD(OnlineSolver):
     window_start: str = "zeros"
 
     name: ClassVar[str] = "oagd"
-    paper: ClassVar[str] = "Tarzanagh, Nazari, Hou, Shen, Balzano, AISTATS 2024"
+    paper: ClassVar[str] = (
+        "Tarzanagh, Nazari, Hou, Shen, Balzano. Online Bilevel Optimization: Regret Analysis of"
+        " Online Alternating Gradient Methods. AISTATS 2024."
+    )
     #: the members re-evaluated per round grow from 1 to w over the first w rounds
     adaptive: ClassVar[bool] = True
 

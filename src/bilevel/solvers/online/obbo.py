@@ -1,9 +1,10 @@
-r"""OBBO and SOBBO: online Bregman bilevel optimizers with ITD hypergradients (baselines).
+r"""OBBO: the online Bregman bilevel optimizer with ITD hypergradients (baseline), and the round
+SOBBO (``sobbo.py``) shares.
 
 Bohne, Rosenberg, Kazantsev, Polak. "Online Nonconvex Bilevel Optimization with Bregman
-Divergences." arXiv:2409.10470 (2024). Spec ``shared/specs/f2obo.md``, "Baselines": the F2OBO
-paper runs OBBO in its Experiment 1 (K = 5) and SOBBO in its Experiment 2 (w = 50, K = 5),
-and describes OBBO as using "iterative differentiation (ITD) to compute hypergradients".
+Divergences." arXiv:2409.10470 (2024). The F2OBO paper (Jia & Chen, arXiv:2602.11665) runs OBBO
+in its Experiment 1 (K = 5) and SOBBO in its Experiment 2 (w = 50, K = 5), Appendix A, and
+describes OBBO as using "iterative differentiation (ITD) to compute hypergradients" (Sec. 1.2).
 
 Round t, from the warm start y_t::
 
@@ -16,7 +17,7 @@ step Proj_X(x_t - gamma avg_t), which is what is implemented (``self.outer_step`
 mirror maps (an entropy on the simplex, a scaled norm) are not offered. SOBBO's
 "weighted average of recent stochastic approximations of hypergradients", which the abstract
 says obviates "additional stochastic gradient samples at each timestep", is read as the
-average of the *stored* estimates h_{t-i} made at rounds t - i (``online_window.Window``),
+average of the *stored* estimates h_{t-i} made at rounds t - i (``online/window.py``'s ``Window``),
 weighed like SOBOW's window (eta^i / W); OBBO is the same round with w = 1.
 
 Not verified against the paper's pseudocode (its algorithm pages could not be read here): the
@@ -43,7 +44,7 @@ from bilevel.solvers.registry import register
 
 PyTree = Any
 
-__all__ = ["OBBO", "SOBBO", "OBBOState"]
+__all__ = ["OBBO", "OBBOState"]
 
 
 class OBBOState(NamedTuple):
@@ -89,7 +90,10 @@ class OBBO(OnlineSolver):
     window_start: str = "zeros"
 
     name: ClassVar[str] = "obbo"
-    paper: ClassVar[str] = "Bohne, Rosenberg, Kazantsev, Polak, arXiv:2409.10470 (2024)"
+    paper: ClassVar[str] = (
+        "Bohne, Rosenberg, Kazantsev, Polak. Online Nonconvex Bilevel Optimization with Bregman "
+        "Divergences. arXiv:2409.10470, 2024."
+    )
 
     def validate(self) -> None:
         check_window(self)
@@ -120,19 +124,3 @@ class OBBO(OnlineSolver):
             cross=K,
         )
         return OBBOState(x, y, t + 1, key, counts, outer_state, window)
-
-
-@register("sobbo")
-@dataclasses.dataclass(frozen=True)
-class SOBBO(OBBO):
-    r"""SOBBO (Bohne et al., arXiv:2409.10470): OBBO on minibatches with the x step along the
-    window average of the last w stored stochastic ITD hypergradients (module docstring).
-
-    Defaults from the F2OBO paper's Experiment 2: window w = 50, K = 5, alpha = 0.1,
-    gamma = 0.001 (its batch of 256 per round is the stream's; ``batch_size=None`` takes the
-    whole round). Per-round counts as OBBO's: one ITD estimate per round, none re-evaluated.
-    """
-
-    window: int = 50
-
-    name: ClassVar[str] = "sobbo"

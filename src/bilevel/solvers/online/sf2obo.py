@@ -1,6 +1,6 @@
 r"""SF2OBO: stochastic F2OBO (Jia & Chen, arXiv:2602.11665, Algorithm 3, Theorem 5.1, Cor. 5.2).
 
-F2OBO (``solvers/f2obo.py``) already draws its minibatches in Algorithm 3's layout: at inner step
+F2OBO (``online/f2obo.py``) already draws its minibatches in Algorithm 3's layout: at inner step
 k one inner batch zeta_t^k feeds both the z and the y step and an outer batch xi_t^k the y
 step (line 7), and ghat a fresh xi_t and one zeta_t in both g terms (line 10). SF2OBO adds
 Theorem 5.1's round schedules:
@@ -87,7 +87,7 @@ class SF2OBO(F2OBO):
             ``None`` = F2OBO's lr_lagrangian / lam_t (the same at b = tau).
         inner_schedule: ``"constant"`` (K_t = inner_steps) or ``"theory"``: K_t =
             ceil(4 kappa_g max(t^(b - tau), t^a) log t) clamped to [1, max_inner_steps] (it is
-            0 at t = 1; spec pitfall 7).
+            0 at t = 1, since log 1 = 0).
         batch_schedule: ``"constant"`` (every draw has batch_size samples) or ``"theory"``:
             B_t = Bhat_t = ceil(t^batch_power) samples, at most ``batch_size`` (the cap;
             ``None`` = the round's samples). Needs held data (not a sampler).
@@ -109,7 +109,10 @@ class SF2OBO(F2OBO):
     max_inner_steps: int = 50
 
     name: ClassVar[str] = "sf2obo"
-    paper: ClassVar[str] = "Jia & Chen, arXiv:2602.11665, Algorithm 3"
+    paper: ClassVar[str] = (
+        "Jia, Chen. Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization. "
+        "arXiv:2602.11665, 2026, Algorithm 3."
+    )
     #: constant per-round counts by default; the theory schedules make K_t and B_t grow
     adaptive: ClassVar[bool] = False
 

@@ -11,7 +11,7 @@ memory" and "does not need to know previous functions". Round t, from the warm s
     h_t     = grad_x f_t(x_t, y_{t+1}) - d2g_t/dxdy (x_t, y_{t+1}) v_{t+1}  (stored)
     x_{t+1} = Proj_X(x_t - gamma (1/W) sum_{i<w} eta^i h_{t-i}),  W = sum_{i<w} eta^i
 
-The window is ``online_window.Window`` (estimates of rounds before 1 count as zero with the
+The window is ``online/window.py``'s ``Window`` (estimates of rounds before 1 count as zero with the
 default ``window_start="zeros"``). The N linear-system steps are ``linsolve.fixed_point`` warm
 started at v_t (the F2OBO paper's Experiment 1 ran "5 linear-system solving steps"); the
 Stochastic-OBO paper of Nazari et al. (2025) describes SOBOW's solver as conjugate gradient,
@@ -87,7 +87,10 @@ class SOBOW(OnlineSolver):
     window_start: str = "zeros"
 
     name: ClassVar[str] = "sobow"
-    paper: ClassVar[str] = "Lin, Sow, Ji, Liang, Shroff, NeurIPS 2023 (arXiv:2308.03811)"
+    paper: ClassVar[str] = (
+        "Lin, Sow, Ji, Liang, Shroff. Non-Convex Bilevel Optimization with Time-Varying "
+        "Objective Functions. NeurIPS 2023."
+    )
     optional_step_sizes: ClassVar[tuple[str, ...]] = ("lr_linsys",)
 
     def validate(self) -> None:

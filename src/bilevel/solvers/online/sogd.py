@@ -104,7 +104,10 @@ class SOGD(OnlineSolver):
     batch_size: int | None = None
 
     name: ClassVar[str] = "sogd"
-    paper: ClassVar[str] = "Nazari, Hou, Tarzanagh, Shen & Michailidis, arXiv:2511.01126"
+    paper: ClassVar[str] = (
+        "Nazari, Hou, Tarzanagh, Shen, Michailidis. Stochastic Regret Guarantees for Online "
+        "Zeroth- and First-Order Bilevel Optimization. arXiv:2511.01126, 2025."
+    )
     directions: ClassVar[tuple[str, ...]] = ("storm", "heavy_ball")
 
     def validate(self) -> None:

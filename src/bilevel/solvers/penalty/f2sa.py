@@ -1,7 +1,7 @@
 r"""F2SA: fully first-order stochastic approximation for bilevel problems (Algorithm 1).
 
 Kwon, Kwon, Wright, Nowak. "A Fully First-Order Method for Stochastic Bilevel Optimization."
-ICML 2023 (arXiv:2301.10945). Spec: ``shared/specs/f2sa.md``.
+ICML 2023 (arXiv:2301.10945), Algorithm 1, eqs. (5)-(7), Theorem 4.1 and Corollary 4.2.
 
 The hypergradient is replaced by the gradient of the penalty surrogate (Lemma 3.1)
 
@@ -55,7 +55,7 @@ def resolve_regime(regime: str, problem: BilevelProblem, batch_size: int | None)
 
 
 class PenaltySchedule(NamedTuple):
-    """Step sizes of iteration k (eqs. (5)-(7) closed forms, spec section 3.4)."""
+    """Step sizes of iteration k (the closed forms of eqs. (5)-(7) and Appendix B.5)."""
 
     gamma: jax.Array  # z step (plain lower level)
     alpha: jax.Array  # y step on the f part; y step on the g part is alpha * lam = beta
@@ -128,7 +128,7 @@ class F2SA(Solver):
                                       + lam_k (grad_x g(x_k, y) - grad_x g(x_k, z))])
         lam_{k+1} = lam_0 ((k + 1 + k0)/k0)^(a - c)
 
-    The x-gradients are taken at the old x_k and the new y, z (spec pitfall 3). The paper is
+    The x-gradients are taken at the old x_k and the new y, z (eq. (10)). The paper is
     unconstrained; with ``x_set`` the x step is projected (a projected-gradient extension).
     ``solve`` reports ``z`` as the estimate of ``y*(x)`` (``y`` is pulled toward f).
 
@@ -140,7 +140,7 @@ class F2SA(Solver):
             ``bl.diagnose``), stable on every test problem here.
         batch_size: minibatch size of every oracle (None = full data).
         inner_steps: T, inner steps per outer iteration. Eq. (5) asks T >= 32 for the proof's
-            constants; 10 is the practical default (the spec's sanity check uses 5).
+            constants; 10 is the practical default.
         lam0: lambda_0; should be >= 2 l_{f,1}/mu_g (eq. (7)) so f + lam g is strongly convex.
         regime: exponents (a, c) of Corollary 4.2: "stochastic" (5/7, 4/7), "outer-noise"
             (3/5, 2/5), "deterministic" (1/3, 0), "constant" (1/2, 1/2: Sec. 4.4's constant
@@ -173,6 +173,10 @@ class F2SA(Solver):
     shared_x_sample: bool = False
 
     name: ClassVar[str] = "f2sa"
+    paper: ClassVar[str] = (
+        "Kwon, Kwon, Wright, Nowak. A Fully First-Order Method for Stochastic Bilevel "
+        "Optimization. ICML 2023, Algorithm 1."
+    )
     lam_ratio: ClassVar[float] = 2.0  # lam_k = gamma_k / (2 alpha_k), eq. (6)
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static
 

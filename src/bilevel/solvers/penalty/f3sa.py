@@ -1,9 +1,11 @@
 r"""F3SA: F2SA with STORM-type momentum estimators, single loop (Algorithm 2).
 
 Kwon, Kwon, Wright, Nowak. "A Fully First-Order Method for Stochastic Bilevel Optimization."
-ICML 2023 (arXiv:2301.10945), Algorithm 2, Appendix C, Theorem 4.3 and Corollary 4.4. Spec:
-``shared/specs/f2sa.md`` section 3.5 (with its corrections: the ``2*(...)`` of (8b),
-``eta_0 = eta_1 = 1``, and ``lam_k = gamma_k / alpha_k``).
+ICML 2023 (arXiv:2301.10945), Algorithm 2, Appendix C, Theorem 4.3 and Corollary 4.4, read with
+three corrections: the first term of (8b) is the product ``2 (gamma_{k-1} - gamma_k) /
+gamma_{k-1}`` (the proof in C.6 needs it; a power of 2 would force eta = 1), ``eta_0 = eta_1 = 1``
+as (8b) asks (where (9a) alone gives eta_1 = 2^(-2c)), and ``lam_k = gamma_k / alpha_k``
+(from (9b), without F2SA's factor 2).
 
 The direction is F2SA's penalty gradient (Lemma 3.1), but every raw gradient is replaced by a
 STORM estimator (Cutkosky & Orabona, NeurIPS 2019) that evaluates the *same* sample at the current
@@ -49,7 +51,7 @@ assert F3SA_REGIMES.keys() == F2SA_REGIMES.keys()  # F2SA.validate checks the re
 
 def momentum_weight(k, c: float, eta=None):
     """The STORM weight eta_k of iteration k: eq. (9a) ``(k+1)^(-2c)`` with (8b)'s
-    ``eta_0 = eta_1 = 1`` (the literal (9a) would give eta_1 = 2^(-2c); the spec forces 1).
+    ``eta_0 = eta_1 = 1`` (the literal (9a) would give eta_1 = 2^(-2c); (8b) asks 1).
 
     ``eta`` (a float in (0, 1] or a schedule ``k -> eta``) replaces the power law for k >= 2.
     """
@@ -64,7 +66,8 @@ def momentum_weight(k, c: float, eta=None):
 
 def storm(eta, grad_now: PyTree, previous_estimate: PyTree, grad_previous: PyTree) -> PyTree:
     """``grad_now + (1 - eta) (previous_estimate - grad_previous)``: the STORM recursion, not
-    heavy-ball averaging (spec pitfall 9). Both gradients must use the same sample."""
+    heavy-ball averaging (Appendix C: (1 - eta_k) multiplies the previous estimate minus the
+    previous point's gradient). Both gradients must use the same sample."""
     return tree_axpy(1.0 - eta, tree_sub(previous_estimate, grad_previous), grad_now)
 
 
@@ -153,6 +156,10 @@ class F3SA(Solver):
     eta: Any = None
 
     name: ClassVar[str] = "f3sa"
+    paper: ClassVar[str] = (
+        "Kwon, Kwon, Wright, Nowak. A Fully First-Order Method for Stochastic Bilevel "
+        "Optimization. ICML 2023, Algorithm 2."
+    )
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static

@@ -1,7 +1,7 @@
 r"""STABLE: single-timescale stochastic bilevel optimization (Algorithm 1, eqs. (8)-(9)).
 
 Chen, Sun, Xiao, Yin. "A Single-Timescale Method for Stochastic Bilevel Optimization."
-AISTATS 2022 (arXiv:2102.04671). Spec: ``shared/specs/stable.md``.
+AISTATS 2022 (arXiv:2102.04671).
 
 STABLE keeps recursive (STORM-style) estimates of the two dense second-order matrices of the
 lower level, the cross Jacobian H_xy ~ d^2 g/dx dy (dim x by dim y) and the Hessian
@@ -11,7 +11,7 @@ y*(x^{k+1}) - y*(x^k) ~ -H_yy^{-1} H_xy^T (x^{k+1} - x^k). That correction is wh
 y use step sizes of the same order (Lemma 3). The matrices are materialised, so the method
 costs O(dim y^2) memory and O(dim y^3) dense algebra per step (Table 1: the projection of the
 Hessian estimate, an eigendecomposition where its floor binds and Cholesky factorisations
-otherwise, ``bilevel.solvers.second_order.eigen_floor``): it is meant for small lower levels (the paper's
+otherwise, ``second_order/eigen_floor.py``): it is meant for small lower levels (the paper's
 experiments have dim y = 14, 22 and 54).
 """
 
@@ -112,17 +112,19 @@ class STABLE(Solver):
     uses the projected x-step (x first, Gauss-Seidel). On the deterministic quadratic with exact
     matrices the correction makes the y-error obey e_{k+1} = (I - beta_k A) e_k exactly.
 
-    Choices the paper leaves open (spec sections 2.2 and 7), made here:
+    Choices the paper leaves open (Algorithm 1 gives no k = 0 rule; Sec. 4 no mu_g), made here:
 
-    * k = 0: (x^{-1}, y^{-1}) := (x^0, y^0) and tau_0 := 1, so H^0 = P(h^0(phi^0)): the first
-      estimate is the first sample's matrix (the spec's alternative); no extra samples.
+    * k = 0: Algorithm 1 refers to the undefined (x^{-1}, y^{-1}); we take (x^{-1}, y^{-1}) :=
+      (x^0, y^0) and tau_0 := 1, so H^0 = P(h^0(phi^0)): the first estimate is the first
+      sample's matrix, with no extra samples and no initial H^0 to choose.
     * ``mu_g="auto"`` (a floor that follows the run). The paper treats mu_g as a known constant,
       a lower bound on the eigenvalues of d^2 g/dy^2 everywhere (Assumption 2), and reports no
       value. What the analysis uses of it is that the true Hessian at the iterate lies in the
       projection set, lambda_min(d^2 g(x^k, y^k)) >= mu_g, so that Punder does not move the
       estimate away from it and ||H_yy^{-1}|| <= 1/mu_g (eq. (60)). A floor taken once at
       (x0, y0) loses the first property when the run reaches a less convex region, and then
-      biases H_yy (pitfall 5): on the stable-hpo runs x reached the box floor 1e-3, where g is
+      biases H_yy (a floor above the true Hessian's eigenvalues moves the estimate away from
+      it): on the stable-hpo runs x reached the box floor 1e-3, where g is
       only 2e-3-strongly convex, far below the start's floor, and some starts diverged
       (docs/reproduction.md, stable-hpo). So "auto" sets the floor of step k to half the
       smallest eigenvalue of the sampled Hessian h_yy^k = d^2 g(x^k, y^k; phi^k) that (9b)
@@ -195,6 +197,10 @@ class STABLE(Solver):
     k0: float = 100.0
 
     name: ClassVar[str] = "stable"
+    paper: ClassVar[str] = (
+        "Chen, Sun, Xiao, Yin. A Single-Timescale Method for Stochastic Bilevel Optimization. "
+        "AISTATS 2022, Algorithm 1."
+    )
     #: ``mu_g="auto"``: this factor times lambda_min of each step's sampled Hessian (and of
     #: bl.diagnose's estimate at (x0, y0) for the default ``mu_g_init``)
     auto_mu_g_factor: ClassVar[float] = 0.5
@@ -300,13 +306,14 @@ class STABLE(Solver):
 
     def project_hessian(self, estimate: jax.Array, h_yy: jax.Array, previous: jax.Array):
         """Punder (9b) of ``estimate`` at this step's floor: ``(H_yy, its Cholesky factor,
-        floor)`` (:func:`bilevel.solvers.second_order.eigen_floor.floor_and_factor`: the eigendecomposition
-        runs only on steps where the floor binds).
+        floor)`` (:func:`~bilevel.solvers.second_order.eigen_floor.floor_and_factor`: the
+        eigendecomposition runs only on steps where the floor binds).
 
         The floor is the fixed ``mu_g``, or under ``"auto"`` half the smallest eigenvalue of the
         sampled Hessian ``h_yy`` (symmetrised), ``previous`` when that sample is not positive
         definite (lambda_min <= 1e-10 ||h_yy||_F); lambda_min comes from
-        :func:`~bilevel.solvers.second_order.eigen_floor.smallest_eigenvalue`, not a full eigendecomposition.
+        :func:`~bilevel.solvers.second_order.eigen_floor.smallest_eigenvalue`, not a full
+        eigendecomposition.
         The test's scale is the Frobenius norm, within a factor sqrt(dim y) above |lambda_max|:
         the two scales disagree only on samples with condition numbers between 1e10 and
         sqrt(dim y) 1e10, singular at float32 precision, and the Frobenius norm saves the second
@@ -357,7 +364,7 @@ class STABLE(Solver):
         mb = self.minibatches(problem, batch_key, outer=1, inner=1)
         phi, xi = mb.inner(0), mb.outer(0)
         alpha, beta, tau = self.step_sizes(state.k)
-        tau = jnp.where(state.k == 0, 1.0, tau)  # k = 0: H^0 = P(h^0(phi^0)) (spec 2.2)
+        tau = jnp.where(state.k == 0, 1.0, tau)  # k = 0: H^0 = P(h^0(phi^0)) (class docstring)
 
         # (9a): cross Jacobian estimate, d2g/dxdy is (dim x, dim y)
         h_xy_prev = oracles.jacobian_xy(g, x_prev, y_prev, phi)

@@ -1,2 +1,3 @@
 """Hessian-free methods with a zeroth-order-like response Jacobian: PZOBO, PZOBO-S (Sow, Ji
-& Liang, 2022) and the HOZOG baseline."""
+& Liang, NeurIPS 2022; ``pzobo`` also holds the two-path machinery they share) and the HOZOG
+baseline."""

@@ -2,8 +2,8 @@ r"""HOZOG: a fully zeroth-order hypergradient of F_N(x) = f(x, y^N(x)) (baseline
 
 Gu, Liu, Zhang, Geng, Huang. "Optimizing Large-Scale Hyperparameters via Automated Learning
 Algorithm." arXiv:2102.09026, 2021 (the reference of the PZOBO paper, Sow, Ji, Liang, NeurIPS
-2022, which compares against it in Sections 4.1 and C with its own implementation; spec
-``shared/specs/pzobo.md`` section 3.5).
+2022, which compares against it in Sec. 4.1 and App. C with its own implementation, App. B.1:
+"uses evolution strategies to estimate the entire hypergradient").
 
 HOZOG treats the inner solver as a black box ``x -> y^N(x)`` and estimates the whole
 hypergradient from values of the outer loss (Gaussian smoothing, Nesterov & Spokoiny 2017)::
@@ -21,7 +21,7 @@ quadratic has the same gradient; the third moments of u vanish), and its error c
 does not vanish but falls to an O(mu^2 p^3 ||H||^2) floor.
 
 This implementation shares PZOBO's inner machinery (the same inner solver and N, as in the
-official code, pitfall P14) and all its options: ``directions`` (the official code uses per-tensor
+official code) and all its options: ``directions`` (the official code uses per-tensor
 unit directions with c = 1, "sphere_unscaled_per_tensor"), ``warm_start``, ``inner_optimizer``,
 ``outer_optimizer``. With minibatches (our extension: the PZOBO paper notes HOZOG has no
 stochastic version) all paths share the inner draws and all Q + 1 values of f use the same outer
@@ -51,9 +51,10 @@ class HOZOG(PathDifferenceSolver):
         x_{k+1} = x_k - beta gradhat
 
     Args:
-        Same as :class:`bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer 0.01, lr_inner "auto" =
-        1/L_g, full batches, N = 20, Q = 1, mu = 0.01 as in the PZOBO paper's Appendix B.2 for
-        HOZOG, Gaussian directions, plain GD inside and outside, no warm start).
+        Same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer 0.01,
+        lr_inner "auto" = 1/L_g, full batches, N = 20, Q = 1, mu = 0.01 as in the PZOBO paper's
+        Appendix B.2 for HOZOG, Gaussian directions, plain GD inside and outside, no warm
+        start).
 
     References:
         Gu, Liu, Zhang, Geng, Huang. "Optimizing Large-Scale Hyperparameters via Automated
@@ -65,7 +66,10 @@ class HOZOG(PathDifferenceSolver):
     """
 
     name: ClassVar[str] = "hozog"
-    paper: ClassVar[str] = "Gu, Liu, Zhang, Geng, Huang, arXiv 2021"
+    paper: ClassVar[str] = (
+        "Gu, Liu, Zhang, Geng, Huang. Optimizing Large-Scale Hyperparameters via Automated "
+        "Learning Algorithm. arXiv:2102.09026, 2021."
+    )
     auto_inner_factor: ClassVar[float] = 1.0
 
     def _unperturbed(self, problem, batch_f, x, y_n):
@@ -73,7 +77,8 @@ class HOZOG(PathDifferenceSolver):
         return tree_zeros_like(x), problem.outer(x, y_n, batch_f)
 
     def _coefficient(self, problem, batch_f, x_pert, y_pert, y_n, f_value):
-        # the perturbation enters f in both arguments (spec P4, P14)
+        # the perturbation enters f in both arguments: HOZOG differences values of f, where
+        # PZOBO differences only the inner solutions
         return (problem.outer(x_pert, y_pert, batch_f) - f_value) / self.smoothing
 
     def _oracle_counts(self) -> dict:

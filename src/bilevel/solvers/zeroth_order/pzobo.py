@@ -1,8 +1,8 @@
-r"""PZOBO and PZOBO-S: Hessian-free bilevel optimization by differencing two inner paths.
+r"""PZOBO: Hessian-free bilevel optimization by differencing two inner paths, and the machinery
+PZOBO-S (``pzobo_s.py``) and HOZOG (``hozog.py``) share.
 
 Sow, Ji, Liang. "On the Convergence Theory for Hessian-Free Bilevel Algorithms." NeurIPS 2022
 (arXiv:2110.07004), Algorithm 1 (PZOBO) and Algorithm 2 (PZOBO-S, Appendix A).
-Spec: ``shared/specs/pzobo.md``.
 
 The response Jacobian ``J_N(x) = d y^N(x) / dx`` of N inner gradient steps from a fixed y_0 is
 estimated by differencing two inner paths, one started at x and one at ``x + mu u`` (eq. 4)::
@@ -32,12 +32,12 @@ The library's two names differ only in their defaults: "pzobo" is Algorithm 1 (f
 Appendix B.3, ``lr_inner="auto"`` = 2/(L + mu_g) as in Theorem 2), with the theorems'
 L = max(L_f, L_g) (:func:`auto_smoothness`). With minibatches both draw
 ONE inner minibatch per inner step and feed it to all Q + 1 paths (Algorithm 2's common random
-numbers: "all SGD runs follow the same batch sampling path"), and one outer minibatch D_F drawn
-independently of the inner ones. ``shared_batches=False`` gives every path its own draws, the
-ablation of spec check (vii): delta then carries noise of order sigma / mu.
+numbers, Sec. 2.3: "all SGD runs follow the same batch sampling path"), and one outer minibatch
+D_F drawn independently of the inner ones (Algorithm 2, line 13). ``shared_batches=False`` gives
+every path its own draws, an ablation of ours: delta then carries noise of order sigma / mu.
 
-Deviations of the official code (``github.com/sowmaster/esjacobians``, spec section 3.4) are
-options, all off by default:
+Deviations of the official code (``github.com/sowmaster/esjacobians``) are options, all off by
+default:
 
 * ``directions``: "gaussian" (the paper: u ~ N(0, I_p) over all of x), "sphere_scaled" (u uniform
   on the unit sphere of R^p and the estimate multiplied by p: unbiased for the sphere-smoothed
@@ -55,8 +55,10 @@ options, all off by default:
   x <- x - beta gradhat), "momentum" or "adam" (every experiment of the paper), or an optax
   transformation.
 
-The two paths must start from the same point and see the same randomness (pitfalls P1, P2); with
-``warm_start`` they still do, since both start from the same previous y^N.
+The two paths must start from the same point and see the same randomness (Algorithm 2, lines 3
+and 6: one y_0 and one batch S_{t-1} for every path), or the difference of the start or of the
+noise, divided by mu, swamps the estimate; with ``warm_start`` they still do, since both start
+from the same previous y^N.
 """
 
 from __future__ import annotations
@@ -94,7 +96,6 @@ __all__ = [
     "PathDifferenceState",
     "PathDifferenceSolver",
     "PZOBO",
-    "PZOBOS",
 ]
 
 #: Direction distributions (see :func:`sample_directions`) and the names of the inner update
@@ -147,10 +148,11 @@ def auto_smoothness(problem: BilevelProblem) -> float:
     alpha = 2/(L + mu_g)).
 
     The paper's L_f and L_g are Lipschitz constants of grad f and grad g in w = (x, y)
-    (Assumptions A2-A3; spec pzobo.md section 1: "L := max{L_f, L_g}"). Both are estimated here
-    as the library estimates L_g for every "auto" rule, by Lanczos on the y-Hessians at
-    (x0, y0): ``bl.diagnose``'s L_g of g and :func:`bilevel.analysis.diagnose.outer_smoothness`'s L_f
-    of f (the spectral norm of d^2 f/dy^2). These are local, y-restricted estimates, so lower
+    (Assumptions 2-3; ``L = max{L_f, L_g}`` in Proposition 1 and Theorems 1-2). Both are
+    estimated here as the library estimates L_g for every "auto" rule, by Lanczos on the
+    y-Hessians at (x0, y0): ``bl.diagnose``'s L_g of g and
+    :func:`~bilevel.analysis.diagnose.outer_smoothness`'s L_f of f (the spectral norm of
+    d^2 f/dy^2). These are local, y-restricted estimates, so lower
     bounds on the paper's constants. Raises ValueError if L is not positive.
     """
     L = max(diagnose(problem).L_g, outer_smoothness(problem))
@@ -258,7 +260,7 @@ class PathDifferenceSolver(Solver):
             batch = mb.inner(offset + t)
             return self._inner_step(problem, transform, x, *carry, batch, lr), None
 
-        opt0 = transform.init(y)  # fresh and identical for every path (pitfall P2)
+        opt0 = transform.init(y)  # fresh and identical for every path (module docstring)
         (y, _), _ = jax.lax.scan(body, (y, opt0), jnp.arange(self.inner_steps))
         return y
 
@@ -277,8 +279,8 @@ class PathDifferenceSolver(Solver):
         # Q = 1 (the paper's setting) runs its one perturbed path without vmap: a product
         # vmapped over a batch of 1 is a batched product to XLA:CPU, which runs it through Eigen
         # at about 1.5x the time of the plain product, and the plain one shares its minibatch
-        # operand with the unperturbed path's (bilevel.drivers._xla_cpu.dot_merge). PZOBO on data cleaning:
-        # 1.06 -> 0.89 of its oracle floor (docs/performance.md).
+        # operand with the unperturbed path's (bilevel.drivers._xla_cpu.dot_merge). PZOBO on
+        # data cleaning: 1.06 -> 0.89 of its oracle floor (docs/performance.md).
         single = self.num_directions == 1
         advance_perturbed = advance if single else jax.vmap(advance, in_axes=(0, 0, 0, None))
         x_paths = _drop_axis(x_pert) if single else x_pert
@@ -290,7 +292,7 @@ class PathDifferenceSolver(Solver):
             perturbed = advance_perturbed(x_paths, *perturbed, batch)
             return (here, perturbed), None
 
-        start = (y, transform.init(y))  # fresh and identical for every path (pitfall P2)
+        start = (y, transform.init(y))  # fresh and identical for every path (module docstring)
         copies = start
         if not single:
             copies = jax.tree.map(
@@ -320,7 +322,7 @@ class PathDifferenceSolver(Solver):
 
         ``u`` holds the directions (leading axis Q). ``coeffs[j]`` is the scalar of direction j
         before the scale c and the 1/Q average, e.g. ``<delta_j, grad_y f(x, y^N)>`` for PZOBO.
-        Every path starts from the same ``y_init`` (pitfall P1).
+        Every path starts from the same ``y_init`` (Algorithm 1, line 2; Algorithm 2, line 3).
         """
         batch_f = mb.outer(0)  # D_F: one outer draw, independent of the inner draws
         if self.shared_batches and self.parallel_directions:
@@ -433,7 +435,10 @@ class PZOBO(PathDifferenceSolver):
     """
 
     name: ClassVar[str] = "pzobo"
-    paper: ClassVar[str] = "Sow, Ji, Liang, NeurIPS 2022"
+    paper: ClassVar[str] = (
+        "Sow, Ji, Liang. On the Convergence Theory for Hessian-Free Bilevel Algorithms. "
+        "NeurIPS 2022, Algorithm 1."
+    )
     auto_inner_factor: ClassVar[float] = 1.0  # Theorem 1: alpha <= 1/L
 
     def resolve(self, problem: BilevelProblem) -> PZOBO:
@@ -444,7 +449,7 @@ class PZOBO(PathDifferenceSolver):
         return dataclasses.replace(self, lr_inner=float(step))
 
     def _unperturbed(self, problem, batch_f, x, y_n):
-        # eq. (5)/(7): both partials at the unperturbed (x_k, y^N), y^N held fixed (P3)
+        # eq. (5)/(7): both partials at the unperturbed (x_k, y^N), y^N held fixed
         grad_x_f, grad_y_f = oracles.grads(problem.outer, x, y_n, batch_f)
         return grad_x_f, grad_y_f
 
@@ -454,43 +459,3 @@ class PZOBO(PathDifferenceSolver):
 
     def _oracle_counts(self) -> dict:
         return {"grad_f": 1}
-
-
-@register("pzobo-s")
-@dataclasses.dataclass(frozen=True)
-class PZOBOS(PZOBO):
-    r"""PZOBO-S (Sow, Ji, Liang, NeurIPS 2022, Algorithm 2, Appendix A).
-
-    Per outer iteration k, with u_j ~ N(0, I_p) drawn first::
-
-        for t = 1..N:  draw ONE minibatch S_{t-1}, shared by all Q + 1 paths
-                       Y^t   = Y^{t-1}   - alpha grad_y G(x_k,          Y^{t-1};   S_{t-1})
-                       Y_j^t = Y_j^{t-1} - alpha grad_y G(x_k + mu u_j, Y_j^{t-1}; S_{t-1})
-        delta_j = (Y_j^N - Y^N) / mu;  draw D_F independently of S_0..S_{N-1}
-        gradhat = grad_x F(x_k, Y^N; D_F) + (1/Q) sum_j <delta_j, grad_y F(x_k, Y^N; D_F)> u_j
-        x_{k+1} = x_k - beta gradhat                                             (eq. 7)
-
-    Same arguments as :class:`PZOBO`, with two defaults changed: ``batch_size=256`` (Appendix
-    B.3: "minibatch size B = 256") and ``lr_inner="auto"`` = 2/(L + mu_g) (Theorem 2:
-    alpha = 2/(L + mu_g) with L = max(L_f, L_g), :func:`auto_smoothness`; mu_g from
-    ``bl.diagnose``; 1/L if g does not look strongly convex). The inner and outer minibatches
-    have the same size.
-
-    References:
-        Sow, Ji, Liang. "On the Convergence Theory for Hessian-Free Bilevel Algorithms."
-        NeurIPS 2022 (arXiv:2110.07004).
-
-    Assumptions: as PZOBO, for every sample G(., .; zeta), F(., .; xi); bounded variance (A4).
-    """
-
-    batch_size: int | None = 256
-
-    name: ClassVar[str] = "pzobo-s"
-
-    def resolve(self, problem: BilevelProblem) -> PZOBOS:
-        """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
-        if not _is_auto(self.lr_inner):
-            return self
-        L, d = auto_smoothness(problem), diagnose(problem)
-        step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L
-        return dataclasses.replace(self, lr_inner=float(step))

@@ -1,0 +1,49 @@
+r"""F2OBO-SL: single-loop F2OBO (Algorithm 1 with K = 1, Theorem 3.2).
+
+Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
+arXiv:2602.11665 (2026), Theorem 3.2 and eq. (8): F2OBO (``f2obo.py``) with one z step and one
+y step per round, a multiplier that grows more slowly (tau < 1/2) and an x step that decays
+like t^-tau.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from bilevel.solvers.online.f2obo import F2OBO
+from bilevel.solvers.registry import register
+
+__all__ = ["F2OBOSingleLoop"]
+
+
+@register("f2obo-sl")
+@dataclasses.dataclass(frozen=True)
+class F2OBOSingleLoop(F2OBO):
+    r"""Single-loop F2OBO (Jia & Chen, arXiv:2602.11665, Theorem 3.2): Algorithm 1 with K = 1.
+
+    One z step and one y step per round, with Theorem 3.2's schedules: lam_t = lam1 t^tau with
+    tau in (0, 1/2), the recommended tau = 1/3 the default; gamma_t = lr_outer t^-tau (the
+    theorem's gamma_t ~ 1/(lam_1 t^tau)); beta_t = lr_lagrangian / lam_t with the default
+    lr_lagrangian = lr_inner / 2 giving the theorem's beta_t = 1/(2 lam_t L_g) at
+    lr_inner = 1/L_g. Regret O(T^(1/3) (1 + V_T) + T^(2/3) P_T) at tau = 1/3 (eq. (8)).
+    ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1).
+    """
+
+    inner_steps: int = 1
+    tau: float = 1 / 3
+
+    name: ClassVar[str] = "f2obo-sl"
+    paper: ClassVar[str] = (
+        "Jia, Chen. Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization. "
+        "arXiv:2602.11665, 2026, Theorem 3.2."
+    )
+    outer_decays: ClassVar[bool] = True
+
+    def validate(self) -> None:
+        super().validate()
+        if self.inner_steps != 1:
+            raise ValueError(
+                f"F2OBOSingleLoop(inner_steps={self.inner_steps}) must be 1: F2OBO-SL is the "
+                "single-loop variant; use 'f2obo' for K > 1 inner steps."
+            )

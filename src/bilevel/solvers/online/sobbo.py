@@ -1,0 +1,33 @@
+r"""SOBBO: the stochastic OBBO, with a window average of stored hypergradients (baseline).
+
+Bohne, Rosenberg, Kazantsev, Polak. "Online Nonconvex Bilevel Optimization with Bregman
+Divergences." arXiv:2409.10470 (2024). OBBO's round (``obbo.py``) on minibatches, the x step
+along the weighted average of the last w stored ITD estimates; the F2OBO paper (Jia & Chen,
+arXiv:2602.11665) runs it in its Experiment 2 (Appendix A).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from bilevel.solvers.online.obbo import OBBO
+from bilevel.solvers.registry import register
+
+__all__ = ["SOBBO"]
+
+
+@register("sobbo")
+@dataclasses.dataclass(frozen=True)
+class SOBBO(OBBO):
+    r"""SOBBO (Bohne et al., arXiv:2409.10470): OBBO on minibatches with the x step along the
+    window average of the last w stored stochastic ITD hypergradients (module docstring).
+
+    Defaults from the F2OBO paper's Experiment 2: window w = 50, K = 5, alpha = 0.1,
+    gamma = 0.001 (its batch of 256 per round is the stream's; ``batch_size=None`` takes the
+    whole round). Per-round counts as OBBO's: one ITD estimate per round, none re-evaluated.
+    """
+
+    window: int = 50
+
+    name: ClassVar[str] = "sobbo"
