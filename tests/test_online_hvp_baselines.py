@@ -12,7 +12,7 @@ Break checks (each made once by hand on 2026-11-24, then reverted; the tests nam
 * AOBO's loop stopping early (``norm > 10 * tol`` in ``descend_until``):
   test_aobo_rounds_match_a_numpy_replica at round 1 (the cap test still passed: the cap binds);
 * the linear system and hypergradient at the OLD y_t instead of y_{t+1} (``state.y`` for ``y``
-  in ``_HypergradientRound.round``): the AOBO and the FSOBO replica tests at round 1;
+  in ``HypergradientRound.round``): the AOBO and the FSOBO replica tests at round 1;
 * SOGD's correction on another inner draw than the round's cross term (``mb.inner(1)`` for
   ``h_old``): test_sogd_rounds_match_a_numpy_replica[3-storm] at round 2, and only it;
 * SOGD without d_1 = h_1 (the ``tree_where(first, h, d)`` line removed): all four

@@ -322,7 +322,7 @@ class PathDifferenceSolver(Solver):
 
         ``u`` holds the directions (leading axis Q). ``coeffs[j]`` is the scalar of direction j
         before the scale c and the 1/Q average, e.g. ``<delta_j, grad_y f(x, y^N)>`` for PZOBO.
-        Every path starts from the same ``y_init`` (Algorithm 1, line 2; Algorithm 2, line 3).
+        Every path starts from the same ``y_init`` (Algorithm 1, line 3; Algorithm 2, line 3).
         """
         batch_f = mb.outer(0)  # D_F: one outer draw, independent of the inner draws
         if self.shared_batches and self.parallel_directions:
@@ -365,11 +365,11 @@ class PathDifferenceSolver(Solver):
         key, batch_key, dir_key = jax.random.split(state.key, 3)
         mb = self.minibatches(problem, batch_key, outer=1, inner=self.inner_draws)
         u, scale = sample_directions(dir_key, x, self.num_directions, self.directions)
-        y_init = state.y if self.warm_start else problem.y0  # Alg. 1 line 2: y_k^0 = y_0
+        y_init = state.y if self.warm_start else problem.y0  # Alg. 1 line 3: y_k^0 = y_0
         lr_inner = step_size(self.lr_inner, k)
         hypergrad, y_n = self.hypergradient(problem, mb, x, y_init, lr_inner, u, scale)
 
-        # Alg. 1 line 12: x_{k+1} = x_k - beta gradhat (or the outer optimiser's step)
+        # Alg. 1 line 15: x_{k+1} = x_k - beta gradhat (or the outer optimiser's step)
         lr_outer = step_size(self.lr_outer, k)
         x_new, outer_state = self.outer_step(problem, x, hypergrad, state.outer_state, lr_outer)
 
@@ -391,12 +391,12 @@ class PZOBO(PathDifferenceSolver):
 
     Per outer iteration k::
 
-        y^N   = N inner GD steps on g(x_k, .) from y_0                     (lines 2-5)
+        y^N   = N inner GD steps on g(x_k, .) from y_0                     (lines 3-6)
         for j = 1..Q:  u_j ~ N(0, I_p)
-                       Y_j^N = N inner GD steps on g(x_k + mu u_j, .) from y_0  (lines 6-9)
-                       delta_j = (Y_j^N - y^N) / mu                          (line 10, eq. 4)
-        gradhat = grad_x f(x_k, y^N) + (1/Q) sum_j <delta_j, grad_y f(x_k, y^N)> u_j   (eq. 5)
-        x_{k+1} = x_k - beta gradhat                                         (line 12)
+                       Y_j^N = N inner GD steps on g(x_k + mu u_j, .) from y_0  (lines 7-11)
+                       delta_j = (Y_j^N - y^N) / mu                          (line 12, eq. 4)
+        gradhat = grad_x f(x_k, y^N) + (1/Q) sum_j <delta_j, grad_y f(x_k, y^N)> u_j  (l. 14, eq. 5)
+        x_{k+1} = x_k - beta gradhat                                         (line 15)
 
     Args:
         lr_outer: beta, float or schedule (Theorem 1: beta = 1/(L_Phi sqrt K); the experiments
