@@ -62,3 +62,70 @@ def test_no_private_names_imported_across_subpackages():
                 if private and target.split(".")[:2] != own:
                     offenders.append(f"{_module_name(path)}: from {target} import {alias.name}")
     assert not offenders, "\n".join(offenders)
+
+
+def _code_lines(lines: list[str], node: ast.FunctionDef) -> int:
+    """Lines of code of a function: its lines less its docstring, blank and comment lines."""
+    body = node.body
+    has_doc = (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    )
+    doc = range(body[0].lineno, body[0].end_lineno + 1) if has_doc else range(0)
+    return sum(
+        1
+        for i in range(node.lineno, node.end_lineno + 1)
+        if i not in doc and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#")
+    )
+
+
+def _long_functions(limit: int = 60):
+    for path in _sources():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if _code_lines(lines, node) > limit:
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    yield path, node, lines[first - 2].strip() if first > 1 else ""
+
+
+def test_few_long_functions_each_with_its_reason():
+    """At most 8 functions over 60 lines of code, each with a ``# long: <why>`` comment on the
+    line above its ``def`` (or its decorators)."""
+    found = list(_long_functions())
+    unexplained = [
+        f"{path.relative_to(SRC)}:{node.lineno} {node.name}"
+        for path, node, above in found
+        if not above.startswith("# long:")
+    ]
+    assert not unexplained, "functions over 60 lines without a '# long:' reason:\n" + "\n".join(
+        unexplained
+    )
+    assert len(found) <= 8, [f"{p.relative_to(SRC)}:{n.name}" for p, n, _ in found]
+
+
+def test_module_sizes():
+    """No module over 600 lines; none in drivers/ over 400."""
+    too_long = []
+    for path in _sources():
+        n = len(path.read_text().splitlines())
+        limit = 400 if "drivers" in path.relative_to(SRC).parts else 600
+        if n > limit:
+            too_long.append(f"{path.relative_to(SRC)}: {n} lines (limit {limit})")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_nothing_cites_files_outside_the_repository():
+    """Docstrings and docs cite papers (section, equation, algorithm line), never the
+    implementation notes that lived outside this repository."""
+    roots = [SRC, SRC.parents[1] / "docs", SRC.parents[1] / "README.md"]
+    hits = []
+    for root in roots:
+        files = [root] if root.is_file() else [*root.rglob("*.py"), *root.rglob("*.md")]
+        for path in files:
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if "shared/specs" in line or "specs/" in line and ".md" in line:
+                    hits.append(f"{path}:{i}: {line.strip()}")
+    assert not hits, "\n".join(hits)

@@ -124,7 +124,7 @@ def test_image_experiments_take_fashion_mnist_when_present(
 
     from bilevel.data import idx as idx_module
     from bilevel.data.standins import mnist_or_substitute
-    from bilevel.experiments.pzobo_experiments import e5_data
+    from bilevel.experiments.pzobo_l2_hpo import e5_data
     from bilevel.experiments.stable_hpo import load_panel
 
     fashion = tmp_path / "fashion-mnist"
@@ -159,7 +159,8 @@ def test_full_mode_sizes_fit_the_digits_stand_in(monkeypatch, tmp_path):
     than there are, nor batches larger than a split; on Fashion-MNIST's 60000 + 10000 images
     the paper's sizes stay as they are."""
     from bilevel.experiments import f2sa_hypercleaning as hc
-    from bilevel.experiments.pzobo_experiments import e3_problem, e5_problem
+    from bilevel.experiments.pzobo_deep_hyperrep import e3_problem
+    from bilevel.experiments.pzobo_l2_hpo import e5_problem
 
     assert hc.fit_sizes(hc.FULL, 60000, 10000) == (hc.FULL, None)
     cfg, note = hc.fit_sizes(hc.FULL, 1257, 540)
@@ -265,7 +266,7 @@ def test_e3_claims_name_a_run_that_diverged(tmp_path):
     import time
 
     from bilevel.experiments.common import Method
-    from bilevel.experiments.pzobo_experiments import _E3Outputs
+    from bilevel.experiments.pzobo_deep_hyperrep import _E3Outputs
 
     methods = [Method(label, "pzobo-s", {}, 4, 2) for label in ("PZOBO-S", "AID-CG")]
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bilevel.experiments.common import run_methods
-from bilevel.experiments.pzobo_experiments import e3_methods, e3_problem
+from bilevel.experiments.pzobo_deep_hyperrep import e3_methods, e3_problem
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ Three oracles for grad F_t, picked by :func:`choose` (``"auto"``: the first that
 
 Both solves run on round t's evaluation data (all of its held samples, or a sampler's draw at
 the fixed evaluation key). ``bl.solve_online`` evaluates the regret outside its timed region
-and outside the oracle counts (spec pitfall 5).
+and outside the oracle counts: it is a measurement, not part of any algorithm.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 100 ImageNet classes x 600 colour images of 84x84, split by class as Ravi & Larochelle
 ("Optimization as a Model for Few-Shot Learning", ICLR 2017): 64 meta-train, 16 meta-validation
-and 20 meta-test classes. PZOBO's few-shot experiment (spec E4) uses it through learn2learn.
+and 20 meta-test classes. PZOBO's few-shot experiment (Sow, Ji, Liang, NeurIPS 2022, Sec. 4.3
+and App. B.4) uses it through learn2learn.
 It cannot be downloaded here; users bring one of two common pickle layouts:
 
 * learn2learn: ``mini-imagenet-cache-{train,validation,test}.pkl``, each a dict with

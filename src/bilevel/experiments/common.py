@@ -38,6 +38,7 @@ __all__ = [
     "final_mean",
     "time_to_reach",
     "value_within",
+    "verdict",
 ]
 
 
@@ -92,8 +93,8 @@ def run_methods(
     """Run every method on ``problem`` with ``seeds`` vmapped seeds; histories by label.
 
     A method that diverges keeps the history it made (the warning is turned into a log line).
-    ``results``, when given, receives each method's :class:`bilevel.drivers.run.Result` by label (its
-    final iterates, for evaluations the history does not hold).
+    ``results``, when given, receives each method's :class:`bilevel.drivers.results.Result` by
+    label (its final iterates, for evaluations the history does not hold).
     """
     out = {}
     for m in methods:
@@ -120,6 +121,11 @@ def run_methods(
         out[m.label] = hist
         log(f"  {m.label}: {res.steps} steps x {seeds} seeds in {time.perf_counter() - t0:.1f} s")
     return out
+
+
+def verdict(quick: bool, ok: bool) -> str:
+    """A claim's verdict: not judged in a quick run (reduced sizes), else whether it held."""
+    return "n/a (quick run)" if quick else ("reproduced" if ok else "not reproduced")
 
 
 def final_mean(history: pd.DataFrame, column: str) -> float:
@@ -262,11 +268,7 @@ def write_outputs(
     column in ``xs`` (``"step"`` for deterministic problems, whose samples are full passes).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    curves = out_dir / "curves"
-    curves.mkdir(exist_ok=True)
-    for label, hist in histories.items():
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-        hist.to_csv(curves / f"{safe}.csv", index=False)
+    _write_curves(out_dir / "curves", histories)
     figs = figures or {name: histories}
     for fig_name, group in figs.items():
         plot_history(
@@ -277,6 +279,31 @@ def write_outputs(
             logy=logy and fig_name not in linear_figures,
             xs=xs,
         )
+    lines = _claims_markdown(title, claims, notes, quick, seconds, setting)
+    lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in figs) + "; curves: `curves/*.csv`."]
+    (out_dir / "claims.md").write_text("\n".join(lines) + "\n")
+    _write_summary(out_dir / "summary.json", name, quick, seconds, histories)
+    return ExperimentOutput(
+        name=name,
+        out_dir=out_dir,
+        histories=histories,
+        claims=claims,
+        notes=notes,
+        quick=quick,
+        seconds=seconds,
+    )
+
+
+def _write_curves(curves: Path, histories: dict[str, pd.DataFrame]) -> None:
+    """One CSV per history, named by its label (characters unsafe in file names as ``_``)."""
+    curves.mkdir(exist_ok=True)
+    for label, hist in histories.items():
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+        hist.to_csv(curves / f"{safe}.csv", index=False)
+
+
+def _claims_markdown(title, claims, notes, quick, seconds, setting) -> list[str]:
+    """The lines of claims.md up to its claims table (the figures' line follows)."""
     lines = [f"# {title}", ""]
     if quick:
         lines += [
@@ -293,33 +320,18 @@ def write_outputs(
     for c in claims:
         cells = [c.claim, c.paper, c.measured, c.verdict]
         lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
-    lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in figs) + "; curves: `curves/*.csv`."]
-    (out_dir / "claims.md").write_text("\n".join(lines) + "\n")
-    (out_dir / "summary.json").write_text(
-        json.dumps(
-            {
-                "experiment": name,
-                "quick": quick,
-                "seconds": seconds,
-                "final": {
-                    label: {
-                        c: final_mean(h, c)
-                        for c in h.columns
-                        if c not in ("method", "seed", "step") and h[c].dtype.kind == "f"
-                    }
-                    for label, h in histories.items()
-                },
-            },
-            indent=2,
-            default=float,
-        )
-    )
-    return ExperimentOutput(
-        name=name,
-        out_dir=out_dir,
-        histories=histories,
-        claims=claims,
-        notes=notes,
-        quick=quick,
-        seconds=seconds,
-    )
+    return lines
+
+
+def _write_summary(path: Path, name: str, quick: bool, seconds: float, histories) -> None:
+    """summary.json: the seed-mean final value of every float column of every history."""
+    final = {
+        label: {
+            c: final_mean(h, c)
+            for c in h.columns
+            if c not in ("method", "seed", "step") and h[c].dtype.kind == "f"
+        }
+        for label, h in histories.items()
+    }
+    summary = {"experiment": name, "quick": quick, "seconds": seconds, "final": final}
+    path.write_text(json.dumps(summary, indent=2, default=float))

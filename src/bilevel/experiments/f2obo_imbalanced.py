@@ -2,7 +2,7 @@ r"""F2OBO paper, Experiment 1 (Sec. 6.1, Fig. 1): online parametric-loss tuning 
 imbalanced image stream, every online method of the paper's list.
 
 Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
-arXiv:2602.11665; spec ``shared/specs/f2obo.md`` section 3.1. x = (gamma_j, Delta_j), the
+arXiv:2602.11665, Sec. 6.1 and Appendix A. x = (gamma_j, Delta_j), the
 AutoBalance logit scales and offsets (20 numbers, unconstrained, start gamma = 1, Delta = 0:
 plain cross-entropy), theta = a four-block CNN; F_t = u-weighted validation cross-entropy,
 g_t = the scaled/offset training cross-entropy (``bl.problems.imbalanced_stream``). 400 rounds
@@ -217,62 +217,15 @@ def play(problem, label, solver_name, hyper, seeds, cfg, test, log) -> pd.DataFr
     history at the evaluated rounds (every ``eval_every`` rounds and the last) with the
     evaluation's columns."""
     solver = bl.solvers.make(solver_name, **hyper)
-    ref = problem.reference
-    side = problem.inner_data["images"].shape[-1]
-
-    def init(key):  # the seed's own CNN initialisation; x starts at gamma = 1, Delta = 0
-        return problem.x0, init_cnn4(ref.channels, side, ref.num_classes, key, blocks=ref.blocks)
-
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", bl.NotStronglyConvexWarning)
-        res = bl.solve_online(
-            problem,
-            solver,
-            seeds=list(range(seeds)),
-            eval_every=None,
-            progress=False,
-            regret=None,
-            init=init,
-        )
+    res = _solve_seeds(problem, solver, seeds)
     solve_s = time.perf_counter() - t0
     T = problem.horizon
     rounds = np.unique(np.r_[np.arange(cfg["eval_every"], T + 1, cfg["eval_every"]), T])
-    sel = rounds - 1
-    pick = lambda tree: jax.tree.map(lambda a: jnp.asarray(a)[sel], tree)  # noqa: E731
-    val, tr = pick(problem.outer_data), pick(problem.inner_data)
     evaluate = evaluation(problem.inner, cfg["gd_steps"], cfg["cg_steps"], cfg["power_steps"])
-    widths = np.diff(np.r_[0, rounds])
-    starts = np.r_[0, rounds[:-1]]
-    frames = []
-    for s in range(seeds):
-        seed_of = lambda tree: jax.tree.map(lambda a: jnp.asarray(a)[s], tree)  # noqa: E731,B023
-        xs, ys = seed_of(res.xs), seed_of(res.ys)
-        terms, train_sel, bacc = evaluate(pick(xs), pick(ys), val, tr, *test)
-        train_all = np.asarray(
-            _train_ce(ys, problem.inner_data["images"], problem.inner_data["labels"])
-        )
-        # a seed that diverged has rows up to its last finite round: NaN after it, as in xs
-        hist = res.history[res.history.seed == s].set_index("round").reindex(range(1, T + 1))
-        hist = hist.rename_axis("round").reset_index().assign(seed=s)
-        own = np.cumsum(np.nan_to_num(hist["hypergrad_estimate_norm"].to_numpy() ** 2))
-        terms = np.asarray(terms, np.float64)
-        rows = hist.iloc[sel].copy()
-        rows.insert(0, "method", label)
-        rows["step"] = rounds
-        rows["regret_term"] = terms
-        # the regret estimate: each evaluated term stands for the eval_every rounds it ends
-        rows["regret"] = np.cumsum(terms * widths)
-        rows["own_regret"] = own[sel]
-        rows["train_loss"] = np.asarray(train_sel)
-        rows["train_loss_avg"] = [
-            train_all[a:b].mean() for a, b in zip(starts, rounds, strict=True)
-        ]
-        rows["test_bacc"] = np.asarray(bacc)
-        rows["phase"] = ref.phase(rounds)
-        rows["diverged"] = float(s in res.diverged)  # NaN rows after its last finite round
-        frames.append(rows)
+    frames = [_seed_rows(problem, res, s, rounds, evaluate, test) for s in range(seeds)]
     out = pd.concat(frames, ignore_index=True)
+    out.insert(0, "method", label)
     if res.diverged:
         log(f"  {label}: DIVERGED on seeds {res.diverged} (curves stop at the last finite round)")
     log(
@@ -282,6 +235,60 @@ def play(problem, label, solver_name, hyper, seeds, cfg, test, log) -> pd.DataFr
     )
     keep = [c for c in out.columns if out[c].dtype.kind in "biuf" or c == "method"]
     return out[keep]
+
+
+def _solve_seeds(problem, solver, seeds: int):
+    """``bl.solve_online`` over ``seeds`` vmapped seeds, each from its own CNN start."""
+    ref = problem.reference
+    side = problem.inner_data["images"].shape[-1]
+
+    def init(key):  # the seed's own CNN initialisation; x starts at gamma = 1, Delta = 0
+        return problem.x0, init_cnn4(ref.channels, side, ref.num_classes, key, blocks=ref.blocks)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", bl.NotStronglyConvexWarning)
+        return bl.solve_online(
+            problem,
+            solver,
+            seeds=list(range(seeds)),
+            eval_every=None,
+            progress=False,
+            regret=None,
+            init=init,
+        )
+
+
+def _seed_rows(problem, res, s: int, rounds: np.ndarray, evaluate, test) -> pd.DataFrame:
+    """Seed ``s``'s history at ``rounds`` with the evaluation's columns (regret terms and
+    their sum, training losses, balanced test accuracy)."""
+    T = problem.horizon
+    sel = rounds - 1
+    pick = lambda tree: jax.tree.map(lambda a: jnp.asarray(a)[sel], tree)  # noqa: E731
+    seed_of = lambda tree: jax.tree.map(lambda a: jnp.asarray(a)[s], tree)  # noqa: E731
+    xs, ys = seed_of(res.xs), seed_of(res.ys)
+    val, tr = pick(problem.outer_data), pick(problem.inner_data)
+    terms, train_sel, bacc = evaluate(pick(xs), pick(ys), val, tr, *test)
+    train_all = np.asarray(
+        _train_ce(ys, problem.inner_data["images"], problem.inner_data["labels"])
+    )
+    # a seed that diverged has rows up to its last finite round: NaN after it, as in xs
+    hist = res.history[res.history.seed == s].set_index("round").reindex(range(1, T + 1))
+    hist = hist.rename_axis("round").reset_index().assign(seed=s)
+    own = np.cumsum(np.nan_to_num(hist["hypergrad_estimate_norm"].to_numpy() ** 2))
+    terms = np.asarray(terms, np.float64)
+    rows = hist.iloc[sel].copy()
+    rows["step"] = rounds
+    rows["regret_term"] = terms
+    # the regret estimate: each evaluated term stands for the eval_every rounds it ends
+    rows["regret"] = np.cumsum(terms * np.diff(np.r_[0, rounds]))
+    rows["own_regret"] = own[sel]
+    rows["train_loss"] = np.asarray(train_sel)
+    starts = np.r_[0, rounds[:-1]]
+    rows["train_loss_avg"] = [train_all[a:b].mean() for a, b in zip(starts, rounds, strict=True)]
+    rows["test_bacc"] = np.asarray(bacc)
+    rows["phase"] = problem.reference.phase(rounds)
+    rows["diverged"] = float(s in res.diverged)  # NaN rows after its last finite round
+    return rows
 
 
 @register(
@@ -486,7 +493,7 @@ def make_notes(loaded, cfg: dict, n_test: int) -> list[str]:
         "BatchNorm uses batch statistics only (no running averages): each forward pass "
         "normalises by its own batch; the test accuracy normalises by round t's training batch "
         "(what running statistics would estimate).",
-        "The stream is the spec's [inferred] reading of 'transitioning from 0.6^i to 0.9^i': "
+        "The stream is our reading of Sec. 6.1's 'transitioning from 0.6^i to 0.9^i': "
         "class i has proportion ~ rho^i with rho = 0.6, 0.7, 0.8, 0.9 in the four phases. The "
         "validation set of a round is drawn from the same (imbalanced) distribution as its "
         "training set, from a disjoint image pool; u_j = 1/p_j, the phase's inverse class "

@@ -2,7 +2,7 @@
 SOBBO vs SOGD vs SF2OBO on a stream with label noise switched on part-way.
 
 Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
-arXiv:2602.11665 (spec ``shared/specs/f2obo.md`` section 3.2). The stream
+arXiv:2602.11665, Sec. 6.2 and Appendix A. The stream
 (``bl.problems.online_hpo.online_l2_hpo``): per-feature L2 weights lam in [0, 0.1]^d of a
 multinomial linear classifier theta (d x C); round t's inner loss is the cross-entropy of a
 training batch of 256 plus 1/2 sum_i lam_i ||theta_i||^2, its outer loss the cross-entropy of
@@ -114,22 +114,7 @@ def _stream(X, y, X_test, y_test, *, val_fraction, num_classes, name, describe, 
 def load_stream_data(cfg: dict, log=print) -> StreamData:
     """20 Newsgroups if a local copy exists; else Fashion-MNIST; else scikit-learn digits."""
     try:
-        news = data.load_newsgroups(n_features=cfg["words"])
-        return _stream(
-            news.X_train.toarray(),
-            news.y_train,
-            news.X_test.toarray(),
-            news.y_test,
-            val_fraction=0.2,
-            num_classes=20,
-            name="20 Newsgroups",
-            describe=lambda sizes: (
-                f"{news.description}; the paper's dataset. Kept: the {cfg['words']} most "
-                f"frequent training words (unit-norm rows); {sizes} (validation: 20% of the "
-                "training split)."
-            ),
-            scale=False,
-        )
+        return _newsgroups_stream(cfg)
     except data.DatasetNotFoundError as err:
         log(f"20 Newsgroups not found; using a stand-in. {err}")
     why_news = (
@@ -140,27 +125,57 @@ def load_stream_data(cfg: dict, log=print) -> StreamData:
         "$BILEVEL_DATA/libsvm; see bl.data.load_newsgroups) and it cannot be downloaded here"
     )
     try:
-        images, labels = data.load_fashion_mnist("train")
-        test_images, test_labels = data.load_fashion_mnist("test")
-        pool = cfg["fashion_pool"]
-        side = 28 // pool
-        return _stream(
-            data.downsample_images(images, pool).reshape(len(labels), -1),
-            labels,
-            data.downsample_images(test_images, pool).reshape(len(test_labels), -1),
-            test_labels,
-            val_fraction=1 / 6,
-            num_classes=10,
-            name="Fashion-MNIST",
-            describe=lambda sizes: (
-                f"SUBSTITUTE: Fashion-MNIST ({side}x{side} = {side * side} pixel features by "
-                f"{pool}x{pool} average pooling, standardised and scaled to mean squared row "
-                f"norm 1; 10 classes; {sizes}) stands in for 20 Newsgroups because {why_news}."
-            ),
-            scale=True,
-        )
+        return _fashion_stream(cfg, why_news)
     except data.DatasetNotFoundError as err:
         log(f"Fashion-MNIST not found either; using scikit-learn digits. {err}")
+    return _digits_stream(why_news)
+
+
+def _newsgroups_stream(cfg: dict) -> StreamData:
+    """The paper's data: the ``cfg["words"]`` most frequent training words, unit-norm rows."""
+    news = data.load_newsgroups(n_features=cfg["words"])
+    return _stream(
+        news.X_train.toarray(),
+        news.y_train,
+        news.X_test.toarray(),
+        news.y_test,
+        val_fraction=0.2,
+        num_classes=20,
+        name="20 Newsgroups",
+        describe=lambda sizes: (
+            f"{news.description}; the paper's dataset. Kept: the {cfg['words']} most "
+            f"frequent training words (unit-norm rows); {sizes} (validation: 20% of the "
+            "training split)."
+        ),
+        scale=False,
+    )
+
+
+def _fashion_stream(cfg: dict, why_news: str) -> StreamData:
+    """Fashion-MNIST pooled ``cfg["fashion_pool"]`` x itself, standardised and scaled."""
+    images, labels = data.load_fashion_mnist("train")
+    test_images, test_labels = data.load_fashion_mnist("test")
+    pool = cfg["fashion_pool"]
+    side = 28 // pool
+    return _stream(
+        data.downsample_images(images, pool).reshape(len(labels), -1),
+        labels,
+        data.downsample_images(test_images, pool).reshape(len(test_labels), -1),
+        test_labels,
+        val_fraction=1 / 6,
+        num_classes=10,
+        name="Fashion-MNIST",
+        describe=lambda sizes: (
+            f"SUBSTITUTE: Fashion-MNIST ({side}x{side} = {side * side} pixel features by "
+            f"{pool}x{pool} average pooling, standardised and scaled to mean squared row "
+            f"norm 1; 10 classes; {sizes}) stands in for 20 Newsgroups because {why_news}."
+        ),
+        scale=True,
+    )
+
+
+def _digits_stream(why_news: str) -> StreamData:
+    """scikit-learn digits: a seeded fifth for testing, the rest for the pools."""
     X, y = data.load_sklearn("digits")
     order = np.random.default_rng(0).permutation(len(y))
     te, rest = order[: len(y) // 5], order[len(y) // 5 :]
@@ -345,65 +360,13 @@ def table3(runs: pd.DataFrame, labels: list[str]) -> pd.DataFrame:
 
 def judge(runs: pd.DataFrame, quick: bool) -> list[Claim]:
     means = runs.groupby("method")[["training_loss", "test_accuracy", "running_time"]].mean()
-    have = set(means.index)
-
-    def verdict(ok: bool, needed: set) -> str:
-        if quick:
-            return "n/a (quick run)"
-        if not needed <= have:
-            return f"n/a ({', '.join(sorted(needed - have))} not run)"
-        return "reproduced" if ok else "not reproduced"
-
-    def shown(column: str, fmt: str) -> str:
-        return ", ".join(f"{m} {format(means.loc[m, column], fmt)}" for m in means.index)
-
-    everyone = set(METHODS)
-    claims = []
-    if "SF2OBO" in have:
-        best_loss = means.training_loss.idxmin() == "SF2OBO"
-        best_acc = means.test_accuracy.idxmax() == "SF2OBO"
-    else:
-        best_loss = best_acc = False
-    claims.append(
-        Claim(
-            "SF2OBO has the lowest training loss (Table 3)",
-            "SF2OBO 1.2914 < SOBBO 1.3884 < SOGD 2.0910",
-            shown("training_loss", ".4f"),
-            verdict(best_loss, everyone),
-        )
-    )
-    claims.append(
-        Claim(
-            "SF2OBO has the highest test accuracy (Table 3)",
-            "SF2OBO 0.8003 > SOBBO 0.7979 > SOGD 0.7607",
-            shown("test_accuracy", ".4f"),
-            verdict(best_acc, everyone),
-        )
-    )
+    verdict = _Verdict(quick, set(means.index))
+    claims = _best_claims(means, verdict)
     for other, paper_ratio, what in (
         ("SOBBO", PAPER_SPEEDUP_VS_SOBBO, "faster than SOBBO"),
         ("SOGD", PAPER_SLOWDOWN_VS_SOGD, "slower than SOGD"),
     ):
-        needed = {"SF2OBO", other}
-        ratio = float("nan")
-        if needed <= have:
-            t_f, t_o = means.running_time["SF2OBO"], means.running_time[other]
-            ratio = t_o / t_f if other == "SOBBO" else t_f / t_o
-        ok = ratio > 1 and paper_ratio / 1.5 <= ratio <= paper_ratio * 1.5
-        v = verdict(ok, needed)
-        if v == "not reproduced" and ratio > 1:
-            v = "partly (same direction, ratio off by more than 1.5x)"
-        claims.append(
-            Claim(
-                f"SF2OBO is about {paper_ratio:.2f}x {what} (running time)",
-                f"{paper_ratio:.2f}x (Table 3)",
-                f"{ratio:.2f}x (solver seconds, mean over runs; judged: the same direction and "
-                "within a factor 1.5 of the paper's ratio)"
-                if np.isfinite(ratio)
-                else "not measured (needs both methods)",
-                v,
-            )
-        )
+        claims.append(_time_claim(means, verdict, other, paper_ratio, what))
     claims.append(
         Claim(
             "Table 3 absolute numbers",
@@ -415,20 +378,116 @@ def judge(runs: pd.DataFrame, quick: bool) -> list[Claim]:
     return claims
 
 
+@dataclasses.dataclass(frozen=True)
+class _Verdict:
+    """A claim's verdict: not judged in a quick run, nor without the methods it needs."""
+
+    quick: bool
+    have: set  # the methods that ran
+
+    def __call__(self, ok: bool, needed: set) -> str:
+        if self.quick:
+            return "n/a (quick run)"
+        if not needed <= self.have:
+            return f"n/a ({', '.join(sorted(needed - self.have))} not run)"
+        return "reproduced" if ok else "not reproduced"
+
+
+def _best_claims(means: pd.DataFrame, verdict: _Verdict) -> list[Claim]:
+    """Table 3: SF2OBO has the lowest training loss and the highest test accuracy."""
+
+    def shown(column: str, fmt: str) -> str:
+        return ", ".join(f"{m} {format(means.loc[m, column], fmt)}" for m in means.index)
+
+    everyone = set(METHODS)
+    if "SF2OBO" in verdict.have:
+        best_loss = means.training_loss.idxmin() == "SF2OBO"
+        best_acc = means.test_accuracy.idxmax() == "SF2OBO"
+    else:
+        best_loss = best_acc = False
+    return [
+        Claim(
+            "SF2OBO has the lowest training loss (Table 3)",
+            "SF2OBO 1.2914 < SOBBO 1.3884 < SOGD 2.0910",
+            shown("training_loss", ".4f"),
+            verdict(best_loss, everyone),
+        ),
+        Claim(
+            "SF2OBO has the highest test accuracy (Table 3)",
+            "SF2OBO 0.8003 > SOBBO 0.7979 > SOGD 0.7607",
+            shown("test_accuracy", ".4f"),
+            verdict(best_acc, everyone),
+        ),
+    ]
+
+
+def _time_claim(means, verdict: _Verdict, other: str, paper_ratio: float, what: str) -> Claim:
+    """Table 3's running-time ratio of SF2OBO to ``other``, in the direction the paper has."""
+    needed = {"SF2OBO", other}
+    ratio = float("nan")
+    if needed <= verdict.have:
+        t_f, t_o = means.running_time["SF2OBO"], means.running_time[other]
+        ratio = t_o / t_f if other == "SOBBO" else t_f / t_o
+    ok = ratio > 1 and paper_ratio / 1.5 <= ratio <= paper_ratio * 1.5
+    v = verdict(ok, needed)
+    if v == "not reproduced" and ratio > 1:
+        v = "partly (same direction, ratio off by more than 1.5x)"
+    return Claim(
+        f"SF2OBO is about {paper_ratio:.2f}x {what} (running time)",
+        f"{paper_ratio:.2f}x (Table 3)",
+        f"{ratio:.2f}x (solver seconds, mean over runs; judged: the same direction and "
+        "within a factor 1.5 of the paper's ratio)"
+        if np.isfinite(ratio)
+        else "not measured (needs both methods)",
+        v,
+    )
+
+
 def _write(out_dir, cfg, quick, seeds, stream, histories, summaries, table, seconds):
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = pd.DataFrame(summaries)
     runs.to_csv(out_dir / "runs.csv", index=False)
     table.to_csv(out_dir / "table3.csv", index=False)
+    setting = {
+        "data": stream.name,
+        "features d": stream.X_train.shape[1],
+        "classes": stream.num_classes,
+        "rounds": cfg["horizon"],
+        "seeds (runs)": seeds,
+        "batch": cfg["batch"],
+        **{k: v for k, v in COMMON.items()},
+        **{label: f"{name} {hyper}" for label, (name, hyper) in METHODS.items()},
+    }
+    out = write_outputs(
+        NAME,
+        out_dir,
+        title="F2OBO Exp. 2: online L2 HPO (Jia & Chen, Table 3)",
+        histories=histories,
+        claims=judge(runs, quick) if len(runs) else [],
+        notes=make_notes(cfg, quick, stream),
+        quick=quick,
+        seconds=seconds,
+        metric="train_loss",
+        figures={"training_loss": histories, "test_accuracy": histories},
+        figure_metrics={"training_loss": "train_loss", "test_accuracy": "test_acc"},
+        setting=setting,
+        logy=False,
+        xs=("round",),
+    )
+    _insert_table(out_dir / "claims.md", table)
+    return out
+
+
+def make_notes(cfg: dict, quick: bool, stream: StreamData) -> list[str]:
     T = cfg["horizon"]
     switches = ", ".join(f"{p:.0%} after round {int(f * T)}" for f, p in PAPER_NOISE)
     notes = [stream.note]
     if not quick and T < 10_000:
         notes.append(f"DEVIATION: {T} rounds instead of the paper's 10,000.")
-    notes += [
+    return notes + [
         f"Stream: {T} rounds; per round a training batch of {cfg['batch']} (labels flipped to "
         f"a random other class with probability 0, then {switches}: the level is replaced at "
-        "each switch, not added, the spec's [inferred] reading of 'injected at iterations "
+        "each switch, not added, our reading of Sec. 6.2's 'injected at iterations "
         "2,500, 5,000 and 7,500') and a clean validation batch of "
         f"{min(cfg['batch'], len(stream.y_val))}, drawn once per seed (run) and the same "
         "for every method; every draw a method makes in round t is that round's whole batch "
@@ -447,36 +506,12 @@ def _write(out_dir, cfg, quick, seeds, stream, histories, summaries, table, seco
         "Figures: training loss (window means over the rounds between checkpoints) and "
         "whole-test-set accuracy of the committed theta_t at the checkpoints, against the round.",
     ]
+
+
+def _insert_table(claims_md: Path, table: pd.DataFrame) -> None:
+    """Table 3 (this run beside the paper's) as markdown, just before the claims."""
     lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in table.to_numpy()]
-    setting = {
-        "data": stream.name,
-        "features d": stream.X_train.shape[1],
-        "classes": stream.num_classes,
-        "rounds": T,
-        "seeds (runs)": seeds,
-        "batch": cfg["batch"],
-        **{k: v for k, v in COMMON.items()},
-        **{label: f"{name} {hyper}" for label, (name, hyper) in METHODS.items()},
-    }
-    out = write_outputs(
-        NAME,
-        out_dir,
-        title="F2OBO Exp. 2: online L2 HPO (Jia & Chen, Table 3)",
-        histories=histories,
-        claims=judge(runs, quick) if len(runs) else [],
-        notes=notes,
-        quick=quick,
-        seconds=seconds,
-        metric="train_loss",
-        figures={"training_loss": histories, "test_accuracy": histories},
-        figure_metrics={"training_loss": "train_loss", "test_accuracy": "test_acc"},
-        setting=setting,
-        logy=False,
-        xs=("round",),
-    )
-    claims_md = out_dir / "claims.md"
     text = claims_md.read_text()
     table_md = "## Table 3 (this run beside the paper's)\n\n" + "\n".join(lines) + "\n\n"
     claims_md.write_text(text.replace("## Claims\n", table_md + "## Claims\n", 1))
-    return out

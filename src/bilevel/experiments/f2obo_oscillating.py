@@ -2,7 +2,7 @@ r"""F2OBO paper, Sec. 4.2: the one-dimensional oscillating stream (y*_t(x) = (-1
 every round, F_t(x) = c exp(-x^2) never changes: V_T = 0, H_{2,T} = 4(T - 1)).
 
 Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
-arXiv:2602.11665; spec ``shared/specs/f2obo.md`` section 4 item 4. The paper only argues it:
+arXiv:2602.11665, Sec. 4.2 (the 1-D example after Theorem 4.1). The paper only argues it:
 AF2OBO at tau = 1/2 with Theorem 4.1's thresholds (delta_y = T^-1/2, delta_z =
 T^-(1+2 tau)/2) has regret O(log T + V_T) = O(log T), independent of H_{2,T}, at the price of
 I_T = O(T^2 + T H_{2,T}) inner iterations, while fixed-K methods (F2OBO, OBBO) pay
@@ -109,45 +109,9 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     for label, solver, hyper in methods:
         hyper = hyper_for(solver, hyper)
         for T in horizons:
-            problem = bl.problems.oscillating(T)
-            t0 = time.perf_counter()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", bl.DivergenceWarning)
-                res = bl.solve_online(
-                    problem,
-                    bl.solvers.make(solver, **hyper),
-                    seeds=list(range(seeds)),
-                    eval_every=None,
-                    progress=False,
-                )
-            for w in caught:
-                if issubclass(w.category, bl.DivergenceWarning):
-                    log(f"  [{label}, T = {T}] {w.message}")
-            h = res.history.sort_values(["seed", "round"]).reset_index(drop=True)
-            h.insert(0, "method", label)
-            h.insert(1, "T", T)
-            h["step"] = h["round"]
-            h["inner_iterations_total"] = np.concatenate(
-                [inner_iterations(solver, hyper, g) for _, g in h.groupby("seed", sort=True)]
-            )
-            keep = [c for c in h.columns if h[c].dtype.kind in "biuf" or c == "method"]
-            h = h[keep].fillna(0.0)
+            h, final = play(label, solver, hyper, T, seeds, log)
             histories[f"{label} T={T}"] = h
-            last = h[h["round"] == T]
-            finals.append(
-                {
-                    "method": label,
-                    "T": T,
-                    "regret": float(last.regret.mean()),
-                    "inner_iterations": float(last.inner_iterations_total.mean()),
-                    "seconds": float(last.seconds.mean()),
-                    "diverged": len(res.diverged),
-                }
-            )
-            log(
-                f"  {label}, T = {T}: regret {finals[-1]['regret']:.4g}, inner iterations "
-                f"{finals[-1]['inner_iterations']:.0f} ({time.perf_counter() - t0:.1f} s)"
-            )
+            finals.append(final)
     table = pd.DataFrame(finals)
     table.to_csv(out_dir / "regret_vs_T.csv", index=False)
     fits = fit_all(table)
@@ -167,16 +131,62 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         metric="regret",
         figures={f"regret_T{horizons[-1]}": biggest},
         xs=("step",),
-        setting={
-            "stream": "bl.problems.oscillating(T): c = 1, mu_g = 1, X = [-1, 1], x_1 = 0.5",
-            "T": ", ".join(map(str, horizons)),
-            "methods": "; ".join(f"{lb}: {s} {hyper_for(s, h)}" for lb, s, h in methods),
-            "AF2OBO thresholds": "delta_y = T^-1/2, delta_z = T^-(1+2 tau)/2 = T^-1 "
-            "(delta_*='theory', Theorem 4.1); loops capped at 10000 steps",
-            "regret": "closed-form grad F_t, G_X through X with each method's gamma",
-            "seeds": seeds,
-        },
+        setting=setting(horizons, methods, seeds),
     )
+
+
+def play(label: str, solver: str, hyper: dict, T: int, seeds: int, log):
+    """One method on the stream of horizon T: its history (per round, with the cumulative
+    inner iterations) and its final row (regret, inner iterations, seconds at round T)."""
+    problem = bl.problems.oscillating(T)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", bl.DivergenceWarning)
+        res = bl.solve_online(
+            problem,
+            bl.solvers.make(solver, **hyper),
+            seeds=list(range(seeds)),
+            eval_every=None,
+            progress=False,
+        )
+    for w in caught:
+        if issubclass(w.category, bl.DivergenceWarning):
+            log(f"  [{label}, T = {T}] {w.message}")
+    h = res.history.sort_values(["seed", "round"]).reset_index(drop=True)
+    h.insert(0, "method", label)
+    h.insert(1, "T", T)
+    h["step"] = h["round"]
+    h["inner_iterations_total"] = np.concatenate(
+        [inner_iterations(solver, hyper, g) for _, g in h.groupby("seed", sort=True)]
+    )
+    keep = [c for c in h.columns if h[c].dtype.kind in "biuf" or c == "method"]
+    h = h[keep].fillna(0.0)
+    last = h[h["round"] == T]
+    final = {
+        "method": label,
+        "T": T,
+        "regret": float(last.regret.mean()),
+        "inner_iterations": float(last.inner_iterations_total.mean()),
+        "seconds": float(last.seconds.mean()),
+        "diverged": len(res.diverged),
+    }
+    log(
+        f"  {label}, T = {T}: regret {final['regret']:.4g}, inner iterations "
+        f"{final['inner_iterations']:.0f} ({time.perf_counter() - t0:.1f} s)"
+    )
+    return h, final
+
+
+def setting(horizons, methods, seeds: int) -> dict:
+    return {
+        "stream": "bl.problems.oscillating(T): c = 1, mu_g = 1, X = [-1, 1], x_1 = 0.5",
+        "T": ", ".join(map(str, horizons)),
+        "methods": "; ".join(f"{lb}: {s} {hyper_for(s, h)}" for lb, s, h in methods),
+        "AF2OBO thresholds": "delta_y = T^-1/2, delta_z = T^-(1+2 tau)/2 = T^-1 "
+        "(delta_*='theory', Theorem 4.1); loops capped at 10000 steps",
+        "regret": "closed-form grad F_t, G_X through X with each method's gamma",
+        "seeds": seeds,
+    }
 
 
 def fit_all(table: pd.DataFrame) -> dict:

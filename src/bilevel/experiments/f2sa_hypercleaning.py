@@ -10,6 +10,7 @@ model trained on the noisy data without bilevel reweighting. The paper reports n
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -122,95 +123,24 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     images, labels, images_t, labels_t = loaded.arrays()
     cfg, size_note = fit_sizes(QUICK if quick else FULL, len(labels), len(labels_t))
     log(loaded.note)
-    histories, figures, claims, notes = {}, {}, [], [loaded.note]
+    histories, figures, notes = {}, {}, [loaded.note]
     if size_note is not None:
         log(size_note)
         notes.append(size_note)
-    grids = []
-    finals = {}
+    grids, finals = [], {}
     for p in cfg["corruption"]:
         problem = build(p, cfg, images, labels, images_t, labels_t)
-        base = {"inner_steps": cfg["inner_steps"], "batch_size": cfg["batches"][0]}
-        best = {}
-        for solver in ("f2sa", "stocbio"):
-            hyper, table = grid_search(
-                problem,
-                solver,
-                dict(base, **METHOD_OPTIONS[solver]),
-                QUICK_GRID if quick else GRID,
-                steps=cfg["grid_steps"],
-                metric="val_loss",
-            )
-            table.insert(0, "p", p)
-            grids.append(table)
-            best[solver] = hyper
-            log(f"p={p}: {solver} grid best {hyper}")
-        methods = [
-            Method(
-                f"{s.upper() if s == 'f2sa' else 'stocBiO'}-{b}",
-                s,
-                dict(best[s], batch_size=b),
-                cfg["steps"],
-                cfg["eval_every"],
-            )
-            for s in ("f2sa", "stocbio")
-            for b in cfg["batches"]
-        ]
-        results = {}
-        hists = run_methods(problem, methods, seeds=seeds, log=log, results=results)
-        fit_steps = 300 if quick else 2000
-        y_plain = train_without_bilevel(problem, steps=fit_steps)
-        plain = {k: float(v) for k, v in problem.metrics(problem.x0, y_plain).items()}
-        # reference point: the model refitted on the true clean samples only (weights 1/0)
-        oracle_x = np.where(np.asarray(problem.reference.corrupted), -30.0, 30.0)
-        oracle = {
-            k: float(v)
-            for k, v in problem.metrics(
-                oracle_x, retrain(problem, oracle_x, steps=fit_steps)
-            ).items()
-        }
-        notes.append(
-            f"Reference at p={p}: the model refitted on the truly clean samples only (oracle "
-            f"weights 1/0): val_loss {oracle['val_loss']:.4f}, test accuracy "
-            f"{oracle['test_acc']:.4f}; a bilevel val loss below this one means the weights "
-            "fit the validation set itself."
-        )
-        finals[p] = (
-            {
-                label: {c: final_mean(h, c) for c in ("val_loss", "test_acc")}
-                for label, h in hists.items()
-            },
-            {label: retrained(problem, res.x, fit_steps) for label, res in results.items()},
-            plain,
-        )
-        for label, h in hists.items():
+        level = _run_level(problem, p, cfg, quick, seeds, log)
+        grids += level.grids
+        notes.append(level.oracle_note)
+        finals[p] = level.finals
+        for label, h in level.histories.items():
             histories[f"p={p} {label}"] = h
-        figures[f"val_loss_p{p}"] = {label: h for label, h in hists.items()}
+        figures[f"val_loss_p{p}"] = dict(level.histories)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     pd.concat(grids).to_csv(Path(out_dir) / "grid.csv", index=False)
-    notes.append(
-        "Step sizes: grid search (grid.csv) at batch "
-        f"{cfg['batches'][0]} over {cfg['grid_steps']} steps, one seed, scored by the "
-        "final validation loss; the same grid for F2SA and stocBiO."
-    )
-    notes.append(
-        "The validation loss of F2SA is evaluated at z (its estimate of y*(x)), not at "
-        "the penalised y, so no validation data leaks into the metric (spec 4.4)."
-    )
-    notes.append(
-        "F2SA uses one minibatch for grad_x g at y and at z (shared_x_sample=True, the paper's "
-        "Appendix C; spec pitfall 7): with Algorithm 1's two independent samples the x-step "
-        "of each sampled weight is lam_k sigma'(x_i) CE_i / b at y minus that of *another* "
-        "sample at z, noise of size lam_k * loss that swamps the signal (docs/reproduction.md "
-        "has the comparison)."
-    )
-    notes.append(
-        "'retrained' rows: the model refitted to convergence on the learned weights "
-        "sigma(x_K) (bl.problems.retrain, 2000 accelerated full-batch steps), i.e. the bilevel "
-        "objective F(x_K) = f(x_K, y*(x_K)) itself; the other rows evaluate each method's "
-        "current iterate (z for F2SA, y for stocBiO)."
-    )
-    claims += judge(finals, cfg, quick)
+    notes += method_notes(cfg)
+    claims = judge(finals, cfg, quick)
     for p, (_, _, plain) in finals.items():
         notes.append(
             f"Without BO at p={p}: val_loss {plain['val_loss']:.4f}, test accuracy "
@@ -227,19 +157,113 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         seconds=time.perf_counter() - t_start,
         metric="val_loss",
         figures=figures,
-        setting={
-            "data": loaded.name,
-            "n_train": cfg["n_train"],
-            "n_val": cfg["n_val"],
-            "n_test": cfg["n_test"],
-            "batch sizes": cfg["batches"],
-            "c": 0.01,
-            "steps": cfg["steps"],
-            "T (F2SA) / D (stocBiO) inner steps": cfg["inner_steps"],
-            "stocBiO Neumann degree": 5,
-            "seeds": seeds,
-        },
+        setting=setting(loaded.name, cfg, seeds),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Level:
+    """What one corruption level p produced."""
+
+    grids: list[pd.DataFrame]  # the grid-search tables, F2SA's then stocBiO's
+    histories: dict[str, pd.DataFrame]  # by method label ("F2SA-50", ...)
+    finals: tuple  # (final val_loss / test_acc by label, the same retrained, without BO)
+    oracle_note: str  # the reference refitted on the truly clean samples
+
+
+def _run_level(problem, p: float, cfg: dict, quick: bool, seeds: int, log) -> _Level:
+    """Grid-search both methods at the small batch, run every method at every batch, and
+    evaluate the references (without BO; the oracle weights 1/0)."""
+    base = {"inner_steps": cfg["inner_steps"], "batch_size": cfg["batches"][0]}
+    best, grids = {}, []
+    for solver in ("f2sa", "stocbio"):
+        hyper, table = grid_search(
+            problem,
+            solver,
+            dict(base, **METHOD_OPTIONS[solver]),
+            QUICK_GRID if quick else GRID,
+            steps=cfg["grid_steps"],
+            metric="val_loss",
+        )
+        table.insert(0, "p", p)
+        grids.append(table)
+        best[solver] = hyper
+        log(f"p={p}: {solver} grid best {hyper}")
+    methods = [
+        Method(
+            f"{s.upper() if s == 'f2sa' else 'stocBiO'}-{b}",
+            s,
+            dict(best[s], batch_size=b),
+            cfg["steps"],
+            cfg["eval_every"],
+        )
+        for s in ("f2sa", "stocbio")
+        for b in cfg["batches"]
+    ]
+    results = {}
+    hists = run_methods(problem, methods, seeds=seeds, log=log, results=results)
+    fit_steps = 300 if quick else 2000
+    y_plain = train_without_bilevel(problem, steps=fit_steps)
+    plain = {k: float(v) for k, v in problem.metrics(problem.x0, y_plain).items()}
+    oracle = _oracle_reference(problem, fit_steps)
+    finals = (
+        {
+            label: {c: final_mean(h, c) for c in ("val_loss", "test_acc")}
+            for label, h in hists.items()
+        },
+        {label: retrained(problem, res.x, fit_steps) for label, res in results.items()},
+        plain,
+    )
+    oracle_note = (
+        f"Reference at p={p}: the model refitted on the truly clean samples only (oracle "
+        f"weights 1/0): val_loss {oracle['val_loss']:.4f}, test accuracy "
+        f"{oracle['test_acc']:.4f}; a bilevel val loss below this one means the weights "
+        "fit the validation set itself."
+    )
+    return _Level(grids, hists, finals, oracle_note)
+
+
+def _oracle_reference(problem, fit_steps: int) -> dict[str, float]:
+    """The metrics of the model refitted on the true clean samples only (weights 1/0)."""
+    oracle_x = np.where(np.asarray(problem.reference.corrupted), -30.0, 30.0)
+    y_oracle = retrain(problem, oracle_x, steps=fit_steps)
+    return {k: float(v) for k, v in problem.metrics(oracle_x, y_oracle).items()}
+
+
+def method_notes(cfg: dict) -> list[str]:
+    """The notes on how the methods were tuned and evaluated."""
+    return [
+        "Step sizes: grid search (grid.csv) at batch "
+        f"{cfg['batches'][0]} over {cfg['grid_steps']} steps, one seed, scored by the "
+        "final validation loss; the same grid for F2SA and stocBiO.",
+        "The validation loss of F2SA is evaluated at z (its estimate of y*(x)), not at "
+        "the penalised y, so no validation data leaks into the metric (the paper does not "
+        "say which iterate Fig. 2 evaluates).",
+        "F2SA uses one minibatch for grad_x g at y and at z (shared_x_sample=True, as the "
+        "paper's Appendix C does): with Algorithm 1's two independent samples the x-step "
+        "of each sampled weight is lam_k sigma'(x_i) CE_i / b at y minus that of *another* "
+        "sample at z, noise of size lam_k * loss that swamps the signal (docs/reproduction.md "
+        "has the comparison).",
+        "'retrained' rows: the model refitted to convergence on the learned weights "
+        "sigma(x_K) (bl.problems.retrain, 2000 accelerated full-batch steps), i.e. the bilevel "
+        "objective F(x_K) = f(x_K, y*(x_K)) itself; the other rows evaluate each method's "
+        "current iterate (z for F2SA, y for stocBiO).",
+    ]
+
+
+def setting(data_name: str, cfg: dict, seeds: int) -> dict:
+    return {
+        "data": data_name,
+        "n_train": cfg["n_train"],
+        "n_val": cfg["n_val"],
+        "n_test": cfg["n_test"],
+        "batch sizes": cfg["batches"],
+        "c": 0.01,
+        "steps": cfg["steps"],
+        "T (F2SA) / D (stocBiO) inner steps": cfg["inner_steps"],
+        "stocBiO Neumann degree": 5,
+        "seeds": seeds,
+    }
 
 
 def retrained(problem, x_seeds, steps: int) -> dict[str, float]:
@@ -302,7 +326,7 @@ def judge(finals, cfg, quick: bool) -> list[Claim]:
                 out.append(
                     Claim(
                         f"p=0.3: both bilevel methods beat training without BO ({what})",
-                        "inferred (spec 4.4, claim 5)",
+                        "inferred from Sec. 5 (Without BO is its baseline; no number)",
                         f"no-BO {plain[key]:.4f}; iterates: {at_iterate}; retrained: "
                         f"{at_refit}{note}",
                         verdict(ok)

@@ -2,7 +2,7 @@ r"""IBCG paper, Sec. 5.1 and App. G.2 (Figs. 1, 3, 4): the 2-D coreset toy (eq. 
 against SBFW with the theory steps, with the exact Hessian inverse, and tuned.
 
 Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani, "An Inexact Conditional Gradient Method for
-Constrained Bilevel Optimization" (preprint); spec ``shared/specs/ibcg.md`` 3.1, 2.3 and 7.
+Constrained Bilevel Optimization" (preprint), Sec. 5.1 and App. G.1-G.2 (SBFW's updates).
 
 - Fig. 1: mu_g = 1, K = 100: IBCG vs SBFW (theory steps, randomised Neumann inverse).
 - Fig. 3: mu_g = 0.1, K = 1000: IBCG, SBFW, SBFW with the exact Hessian inverse (theory steps).

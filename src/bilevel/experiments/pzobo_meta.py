@@ -1,8 +1,8 @@
 """PZOBO E4 (Fig. 4, Table 1): few-shot meta-learning, meta-test accuracy against wall time.
 
-Sow, Ji, Liang, NeurIPS 2022, Section 4.3 and Appendix B.4; spec ``shared/specs/pzobo.md`` E4.
-The backbone is the outer variable, one linear head per task the inner one (eq. 9); PZOBO
-(multi-task form, spec 3.3 with the code's options of 3.4) against MAML, first-order MAML, ANIL
+Sow, Ji, Liang, NeurIPS 2022, Section 4.3 and Appendix B.4. The backbone is the outer
+variable, one linear head per task the inner one (eq. 9); PZOBO (Algorithm 1 on eq. (9), with
+the options of the authors' ``meta_learning.py``) against MAML, first-order MAML, ANIL
 and ProtoNet, every method trained for the same wall-clock budget and evaluated on the same
 meta-test tasks (mean +- 95% interval over 600 of them). Table 1's layout: time to reach two
 accuracy thresholds.

@@ -8,11 +8,12 @@ when the user provides the files (``$BILEVEL_DATA/libsvm``); otherwise the offli
 breast_cancer (scikit-learn), two-class digits (scikit-learn) and two-class Fashion-MNIST
 downsampled to 7x7 = 49 features (covtype-sized), each stated in the output.
 
-Protocol (spec section 4): each method keeps its paper's schedule shape; the constants
+Protocol (Sec. 4): each method keeps its paper's schedule shape; the constants
 (lr_outer, lr_inner) are the best of {1, 0.5, 0.1, 0.05, 0.01} by a grid search this command
 runs and writes out (the same grid for every method). The objective error is
 F(x_k) - F_hat*, with F(x) = validation loss at y*(x) (Newton inner solve, exact) and F_hat* the
-best value any run reached (the spec's "best value found"); the plot floors errors at 1e-7.
+best value any run reached (our reading: the paper does not define its "objective error");
+the plot floors errors at 1e-7.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ regulariser (paper eq. 9). The package holds the pieces of that setting:
 * learners, made by name with :func:`make` ("pzobo", "maml", "fomaml", "anil", "protonet");
 * :func:`meta_train`: meta-training timed apart from compilation and meta-test evaluation.
 
-Spec: ``shared/specs/pzobo.md`` sections 3.3-3.5 and E4.
+Reference: Sow, Ji, Liang, "On the Convergence Theory for Hessian-Free Bilevel Algorithms",
+NeurIPS 2022, Sec. 4.3 (Fig. 4, Table 1) and Appendix B.4 (eq. (9), the settings).
 """
 
 from bilevel.meta.episodes import Episodes, EpisodeSampler, FewShotSplit

@@ -1,12 +1,12 @@
-r"""Few-shot backbones: CNN4 and ResNet-12 as equinox modules (PZOBO E4, spec pzobo.md E4, P15).
+r"""Few-shot backbones: CNN4 and ResNet-12 as equinox modules (PZOBO's Sec. 4.3 and App. B.4).
 
 A backbone phi is the outer variable x of the meta-learning bilevel problem (paper eq. 9): it maps
 images ``(n, C, H, W)`` (float, NCHW as PyTorch's) to features ``(n, feature_dim)``, on which each
 task fits a linear head (:mod:`bilevel.meta.heads`). Both models are pure pytrees whose only leaves
 are float arrays (convolution kernels and biases, BatchNorm scales and shifts); every other
 attribute is a static field. So ``jax.tree.map``, ``jax.flatten_util.ravel_pytree``,
-``jax.grad`` and :func:`bilevel.solvers.zeroth_order.pzobo.sample_directions` work on a whole model, and
-``phi + mu * u`` is ``jax.tree.map(lambda a, b: a + mu * b, model, u)``.
+``jax.grad`` and :func:`bilevel.solvers.zeroth_order.pzobo.sample_directions` work on a whole
+model, and ``phi + mu * u`` is ``jax.tree.map(lambda a, b: a + mu * b, model, u)``.
 
 * :class:`CNN4`: 4 x [conv3x3 pad 1 -> ReLU -> maxpool 2 -> BatchNorm], then flatten; the
   official code's ``MiniimageNetFeats(32)``: 800 features at 84x84.
@@ -14,9 +14,9 @@ attribute is a static field. So ``jax.tree.map``, ``jax.flatten_util.ravel_pytre
   learn2learn / MetaOptNet ResNet-12 the official code adapts (``resnet12.py``): 640 features,
   12,424,320 parameters.
 
-BatchNorm uses batch statistics only (PyTorch's ``track_running_stats=False``, the code's CNN4;
-spec P15): there are no running averages, so a model holds no state besides its parameters and
-behaves the same in training and at meta-test. The price (P15): **the features of one image
+BatchNorm uses batch statistics only (PyTorch's ``track_running_stats=False``, the code's
+CNN4): there are no running averages, so a model holds no state besides its parameters and
+behaves the same in training and at meta-test. The price: **the features of one image
 depend on the other images of the batch** through the per-channel mean and variance. The
 meta-learners therefore apply a backbone to one task's support set, and separately to its query
 set, never to a batch mixing tasks (as the official code's ``Task.compute_feats`` and
@@ -130,7 +130,7 @@ class BatchNorm(eqx.Module):
     ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the mean and the biased variance of
     each channel over the batch and spatial axes (N, H, W) of the input: PyTorch's
     ``BatchNorm2d(momentum=1, affine=True, track_running_stats=False)`` in either mode. Affine
-    ``weight`` starts at 1 and ``bias`` at 0. No running statistics are kept (spec P15), so each
+    ``weight`` starts at 1 and ``bias`` at 0. No running statistics are kept, so each
     output depends on the whole batch.
     """
 
@@ -216,7 +216,7 @@ class _ConvPoolNorm(eqx.Module):
 
 
 class CNN4(eqx.Module):
-    """The 4-layer convolutional few-shot backbone (spec E4 "CNN4", the code's
+    """The 4-layer convolutional few-shot backbone (Sec. 4.3's "CNN4", the code's
     ``MiniimageNetFeats(hidden)``).
 
     ``4 x [conv3x3 with hidden filters, pad 1 -> ReLU -> maxpool 2 -> BatchNorm(batch
@@ -226,7 +226,7 @@ class CNN4(eqx.Module):
     as in the code's ``nn.Conv2d`` (a ReLU separates them from the BatchNorm, so they are not
     redundant). ``model(images)`` maps ``(n, in_channels, image_size, image_size)`` to
     ``(n, feature_dim)``; the BatchNorm statistics couple the images of one call (module
-    docstring, spec P15).
+    docstring).
 
     Args:
         in_channels: image channels (3 for miniImageNet, 1 for Fashion-MNIST).
@@ -318,7 +318,7 @@ class _ResidualBlock(eqx.Module):
 
 
 class ResNet12(eqx.Module):
-    """The few-shot ResNet-12 (spec E4 "ResNet-12", the code's ``resnet12.py`` from learn2learn
+    """The few-shot ResNet-12 (Sec. 4.3's "ResNet-12", the code's ``resnet12.py`` from learn2learn
     after MetaOptNet), with drop rate 0 and keep probability 1.
 
     Four residual blocks (:class:`_ResidualBlock`) of ``channels`` = 64, 160, 320, 640 widths,
@@ -330,9 +330,9 @@ class ResNet12(eqx.Module):
     18 c^2`` (three 3x3 convolutions) ``+ c_in c`` (the 1x1 shortcut) ``+ 8 c`` (four BatchNorms).
 
     All BatchNorms use batch statistics (the code's ResNet-12 keeps PyTorch's default running
-    statistics, which only matter in eval mode; here the CNN4 rule of spec P15 applies to both
-    backbones, so a model is its parameters alone). ``model(images)`` maps ``(n, in_channels,
-    H, W)`` to ``(n, feature_dim)``.
+    statistics, which only matter in eval mode; here the CNN4 rule, batch statistics, applies
+    to both backbones, so a model is its parameters alone). ``model(images)`` maps
+    ``(n, in_channels, H, W)`` to ``(n, feature_dim)``.
 
     Args:
         in_channels: image channels (3 for miniImageNet).

@@ -4,7 +4,8 @@ step, and the checks of their hyperparameters and backbones.
 
 Every learner sees a meta-batch of episodes (leading axis = tasks) and applies the backbone to
 ONE task's images at a time, ``jax.vmap``-ed over the tasks, so a functional BatchNorm
-normalises with that task's batch statistics only (spec pzobo.md, P15).
+normalises with that task's batch statistics only (as the PZOBO authors' CNN4, whose
+BatchNorm keeps no running statistics).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which few-shot data the meta-learning experiment runs on: miniImageNet, or a named stand-in.
 
-PZOBO's few-shot experiment (Sow, Ji, Liang, NeurIPS 2022, Sec. 4.3, Table 1; spec E4) uses
+PZOBO's few-shot experiment (Sow, Ji, Liang, NeurIPS 2022, Sec. 4.3, Table 1, App. B.4) uses
 miniImageNet's 64 / 16 / 20 class split with 5-way tasks. It cannot be downloaded here, so
 :func:`few_shot_data` takes, in order:
 
@@ -39,7 +39,8 @@ __all__ = [
     "MAX_WAYS",
 ]
 
-#: the official code's per-channel normalisation for miniImageNet (spec E4), on [0, 1] pixels
+#: the official code's per-channel normalisation for miniImageNet (App. B.4 normalises "by their
+#: means and standard deviations over RGB channels" without the values), on [0, 1] pixels
 MINIIMAGENET_MEAN = (120.396 / 255, 115.594 / 255, 104.540 / 255)
 MINIIMAGENET_STD = (70.682 / 255, 68.276 / 255, 72.545 / 255)
 

@@ -14,13 +14,14 @@ A task T_i (an *episode*) is drawn as:
 
 :class:`EpisodeSampler` draws a meta-batch of such tasks with ``jax.random`` only, at fixed
 shapes, so a meta-training step can sample inside ``jit``. The official code draws
-``2 * shots`` images per class and alternates them between support and query (spec E4); here
+``2 * shots`` images per class and alternates them between support and query; here
 ``queries`` is free and ``queries = shots`` gives the same distribution.
 
 Splits are :class:`FewShotSplit`\ s: images already normalised, labels ``0..n_classes-1``.
 :func:`split_by_classes` cuts a labelled image set into class-disjoint splits and
 :func:`normalize_splits` normalises every split per channel with the META-TRAIN split's
-statistics (or fixed ones such as miniImageNet's, spec E4), so no held-out image informs them.
+statistics (or fixed ones such as miniImageNet's in the official code), so no held-out image
+informs them.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def normalize_splits(
     """``(x - mean_c) / std_c`` per channel c, on every split, with META-TRAIN statistics.
 
     The statistics come from ``train`` (:func:`channel_stats`) unless ``mean`` and ``std`` are
-    given, as for miniImageNet, whose official code uses fixed values (spec E4). Held-out
+    given, as for miniImageNet, whose official code uses fixed values. Held-out
     splits never inform them.
 
     Returns:

@@ -45,7 +45,7 @@ class LinearHead(NamedTuple):
 
 
 def zeros_head(ways: int, feature_dim: int, dtype=jnp.float32) -> LinearHead:
-    """The all-zeros head (the code's initial head w0, spec section 3.4 item 3)."""
+    """The all-zeros head (the initial head w0 of the authors' ``meta_learning.py``)."""
     return LinearHead(jnp.zeros((ways, feature_dim), dtype), jnp.zeros((ways,), dtype))
 
 
@@ -91,11 +91,11 @@ def fit_head(
 ) -> LinearHead:
     """``steps`` steps of ``head <- head - lr * transform(grad L_S)`` from ``head0``.
 
-    The features are fixed (computed once per path, spec P16), so each step is a cheap
+    The features are fixed (computed once per path), so each step is a cheap
     linear-head gradient. ``transform`` is an optax transformation WITHOUT a learning rate
     (:func:`bilevel.solvers.base.optimizer_transform`: "gd", "momentum" = PyTorch's SGD momentum
     0.9 as in the code's meta-learning runs, "adam"), started fresh for every call (the code
-    resets the momentum between the unperturbed and the perturbed solve, spec 3.4 item 2).
+    resets the momentum between the unperturbed and the perturbed solve).
     A ``lax.scan`` carrying only (head, optimiser state): no path is stored.
     """
     grad_fn = jax.grad(support_loss)

@@ -16,7 +16,7 @@ shared :func:`bilevel.meta.common.adapt`:
   stop-gradient on each inner gradient, so the meta-gradient is grad L_D at theta_i' (Finn et
   al. 2017, Sec. 5.2; Nichol, Achiam, Schulman, arXiv:1803.02999, 2018). It has no
   convergence guarantee and vanishes where the outer loss depends on the inner variable only
-  (spec pzobo.md, P12);
+  (the hyperparameter optimisation of PZOBO's Sec. 4.4, whose direct gradient term is zero);
 * :class:`ANIL` (Raghu, Raghu, Bengio, Vinyals, "Rapid Learning or Feature Reuse? Towards
   Understanding the Effectiveness of MAML", ICLR 2020): only the head adapts, over features
   computed once per task; the meta-gradient is second order through the head-only inner loop
@@ -35,9 +35,10 @@ PyTorch's random ``nn.Linear`` init. Each task relabels its classes in a random 
 class-specific head init can help on average, and the zero head treats all classes alike: it is
 the "zeroing trick" that Kao, Chu, Chen, Lin ("MAML is a Noisy Contrastive Learner in
 Classification", ICLR 2022) found to help MAML, and it is the w0 = 0 that PZOBO's own
-meta-learner starts from (spec pzobo.md 3.4 item 3), so all methods start alike.
+meta-learner starts from (the authors' ``meta_learning.py``), so all methods start alike.
 
-BatchNorm (P15): the backbone runs on one task's images at a time (``vmap`` over the tasks).
+BatchNorm (batch statistics only, :mod:`bilevel.meta.backbones`): the backbone runs on one
+task's images at a time (``vmap`` over the tasks).
 MAML embeds the support set (to adapt) and the query set (to predict) in separate passes, as
 learn2learn's ``LightningMAML`` does; ANIL embeds both in one pass, as ``LightningANIL`` does.
 """

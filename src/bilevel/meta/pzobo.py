@@ -2,26 +2,28 @@ r"""PZOBO's multi-task form for few-shot meta-learning (Sow, Ji, Liang, NeurIPS 
 
 The backbone phi is the outer variable; task i of a meta-batch of B tasks has its own linear head
 w_i, fitted on its support set S_i under the ridge of eq. (9) (:mod:`bilevel.meta.heads`). One
-meta-step (spec ``shared/specs/pzobo.md`` section 3.3; pitfalls P7, P16)::
+meta-step, Algorithm 1 (lines 3-15) on eq. (9) as the authors' ``meta_learning.py`` runs it::
 
-    u ~ directions(phi)                                       ONE u for all B tasks (P7)
+    u ~ directions(phi)                                       ONE u for all B tasks (the code's)
     for every task i:
-        F_i     = phi(S_i)                                    support features, once (P16)
+        F_i     = phi(S_i)                                    support features, once
         w_i^N   = N inner steps on L_{S_i}(F_i, .) from w0
-        F_i^u   = (phi + mu u)(S_i)                           forward pass only (P16)
-        w_{i,u}^N = N inner steps on L_{S_i}(F_i^u, .) from w0  (same w0, fresh optimiser: P1, P2)
+        F_i^u   = (phi + mu u)(S_i)                           forward pass only
+        w_{i,u}^N = N inner steps on L_{S_i}(F_i^u, .) from w0  (same w0, fresh optimiser state)
         delta_i = (w_{i,u}^N - w_i^N) / mu                      (eq. 4)
     gradhat = grad_phi[(1/B) sum_i L_{D_i}(phi, w_i^N)]
               + c [(1/B) sum_i <delta_i, grad_w L_{D_i}(phi, w_i^N)>] u      (eq. 5, averaged over
-                                                                             tasks before u: P7)
-    phi <- phi - beta_k Adam(gradhat);   w0 <- (1/B) sum_i w_i^N  (warm start, spec 3.4 item 3)
+                                                                             tasks before u)
+    phi <- phi - beta_k Adam(gradhat);   w0 <- (1/B) sum_i w_i^N  (the code's warm start)
 
-With Q > 1 directions the bracket is averaged over them, ``(c / Q) sum_j [...]_j u_j``. The only
-backward pass through the backbone is grad_phi of the query loss at phi (P16): the support features
-at phi and phi + mu u are forward passes, and the heads are fitted on fixed features.
+Both paths start from the same w0 with a fresh optimiser state: any other difference between them
+would be divided by mu and swamp the estimate. With Q > 1 directions the bracket is averaged over
+them, ``(c / Q) sum_j [...]_j u_j``. The only backward pass through the backbone is grad_phi of
+the query loss at phi: the support features at phi and phi + mu u are forward passes, and the
+heads are fitted on fixed features.
 
 Defaults are the official code's miniImageNet run (``github.com/sowmaster/esjacobians``,
-``meta_learning.py``; spec E4 "[CODE] additions" and section 3.4), each an option with the paper's
+``meta_learning.py``, beyond Appendix B.4's settings), each an option with the paper's
 choice as an alternative:
 
 * ``inner_steps`` N = 30, ``lr_inner`` 0.01, ``reg`` 0.5, ``smoothing`` mu = 0.1 (Appendix B.4);
@@ -30,7 +32,7 @@ choice as an alternative:
   norm, no rescaling; "gaussian" is the paper's eq. 4, "sphere_scaled" the unbiased sphere
   smoothing; see :func:`bilevel.solvers.zeroth_order.pzobo.sample_directions`);
 * ``warm_start`` True (the code: w0 <- mean of the adapted heads after each step, zeros at first;
-  False keeps w0 = 0 at every step, Algorithm 1 line 2);
+  False keeps w0 = 0 at every step, Algorithm 1 line 3);
 * outer optimiser Adam, ``lr_outer`` 0.01 (Appendix B.4); :func:`code_outer_schedule` gives the
   code's drops to 1e-3 and 1e-4.
 
@@ -74,7 +76,7 @@ __all__ = [
 
 def code_outer_schedule(lr: float = 0.01) -> optax.Schedule:
     """The official code's outer step drops: ``lr`` until step 1500, ``lr / 10`` until step
-    3500, ``lr / 100`` after (``meta_learning.py``; spec E4 "[CODE] additions").
+    3500, ``lr / 100`` after (``meta_learning.py``; Appendix B.4 gives a constant 0.01).
 
     The code lowers the rate after finishing meta-step k >= 1500 (resp. 3500), so the first step
     at the lower rate is k = 1501 (resp. 3501), counting from 0 as ``state.k`` does.
@@ -86,7 +88,8 @@ def task_features(backbone: PyTree, images: jax.Array) -> jax.Array:
     """``(B, n, F)`` features of ``(B, n, C, H, W)`` images, one backbone call per task.
 
     Each task's set goes through the backbone on its own, so batch-statistics BatchNorm normalises
-    over that set only (spec P15), as the code's per-task forward passes do.
+    over that set only, as the code's per-task forward passes do (its CNN4 BatchNorm keeps no
+    running statistics).
     """
     return jax.vmap(backbone)(images)
 
@@ -215,12 +218,12 @@ class PZOBOMeta:
         """One meta-step; returns ``(new state, mean query loss at the old state)``.
 
         Key convention: ``u, c = sample_directions(key, state.params, Q, directions)``, so ONE set
-        of directions serves every task of the meta-batch (P7).
+        of directions serves every task of the meta-batch (as in the authors' code).
         """
         u, scale = sample_directions(key, state.params, self.num_directions, self.directions)
         result = self.meta_gradient(state.params, state.head0, episodes, u, scale)
         params, opt_state = self._outer_update(state, result.grad)
-        # spec 3.4 item 3: the next w0 is the average of the tasks' adapted heads
+        # the code's warm start: the next w0 is the average of the tasks' adapted heads
         head0 = jax.tree.map(lambda h: jnp.mean(h, axis=0), result.heads)
         head0 = head0 if self.warm_start else state.head0
         return PZOBOMetaState(params, head0, opt_state, state.k + 1), result.loss
@@ -238,7 +241,8 @@ class PZOBOMeta:
     # ---- the estimator -----------------------------------------------------------------------
     def fit_heads(self, features: jax.Array, labels: jax.Array, head0: LinearHead) -> LinearHead:
         """w_i^N for every task: N inner steps on L_{S_i}(features_i, .) from the same w0, each
-        with a fresh optimiser state (P1, P2). ``features (B, n, F)``, ``labels (B, n)``; the
+        with a fresh optimiser state (so that the two paths differ by the perturbation only).
+        ``features (B, n, F)``, ``labels (B, n)``; the
         heads have a leading axis B and w0's dtype (the features are cast to it)."""
         transform = optimizer_transform(self.inner_optimizer)
         features = features.astype(head0.weight.dtype)
@@ -271,14 +275,14 @@ class PZOBOMeta:
         """PZOBO's meta-gradient for GIVEN directions ``u`` (leading axis Q) and scale c.
 
         ``gradhat = grad_phi f + (c / Q) sum_j [(1/B) sum_i <delta_{i,j}, grad_{w_i} L_{D_i}>]
-        u_j`` with f = (1/B) sum_i L_{D_i}(phi, w_i^N) (eq. 5 in its multi-task form, spec 3.3).
+        u_j`` with f = (1/B) sum_i L_{D_i}(phi, w_i^N) (eq. 5 on the multi-task eq. (9)).
         Q is read from ``u``, so any set of directions works (e.g. the identity basis of R^p with
         c = Q: a forward finite difference of the head map, the exact tests' check).
         """
         support, labels = episodes.support_images, episodes.support_labels
-        # P16: support features at phi once, no backward pass through them
+        # support features at phi once, no backward pass through them
         heads = self.fit_heads(task_features(params, support), labels, head0)
-        # grad_w f = (1/B) grad_w L_{D_i}: the task average is taken before u multiplies (P7)
+        # grad_w f = (1/B) grad_w L_{D_i}: the task average is taken before u multiplies
         loss, (grad_phi, grad_w) = jax.value_and_grad(self.query_loss, argnums=(0, 1))(
             params, heads, episodes
         )
@@ -298,7 +302,7 @@ class PZOBOMeta:
         return MetaGradient(grad, loss, heads)
 
     def step_cost(self, meta_batch: int) -> StepCost:
-        """The oracle calls of one meta-step (spec section 3.1's cost in the multi-task form)."""
+        """The oracle calls of one meta-step: Algorithm 1's (Q + 1) N inner steps, per task."""
         paths = meta_batch * (self.num_directions + 1)
         return StepCost(paths, meta_batch, paths * self.inner_steps)
 

@@ -16,6 +16,7 @@ wall-clock training time):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -190,6 +191,38 @@ def meta_train(
         ``state`` is the last state whose loss was finite.
     """
     _check_args(train_sampler, test_sampler, ways, steps, eval_every, eval_tasks, time_limit)
+    _check_optional_args(final_eval_tasks, eval_every_seconds)
+    say = log if log is not None else (lambda _: None)
+    init_key, train_key, eval_key = jax.random.split(key, 3)
+    state = learner.init(backbone, ways, init_key)
+
+    start = time.perf_counter()
+    step_fn = _compile_step(learner, train_sampler, state, train_key)
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluate = _compile_evaluator(learner, test_sampler, eval_tasks, eval_key, state)
+    progress = _Progress(learner.name, steps, eval_tasks, evaluate, say)
+    progress.eval_seconds = time.perf_counter() - start
+    progress.record(0, state)
+    state, stopped = _train(
+        step_fn,
+        state,
+        train_key,
+        progress,
+        eval_every=eval_every,
+        eval_every_seconds=eval_every_seconds,
+        time_limit=time_limit,
+    )
+    history = pd.DataFrame(progress.rows, columns=list(HISTORY_COLUMNS))
+    final = None
+    if final_eval_tasks is not None:
+        final = _final_evaluation(
+            learner, test_sampler, final_eval_tasks, eval_key, state, progress
+        )
+    return MetaTrace(state, history, compile_seconds, progress.eval_seconds, stopped, final)
+
+
+def _check_optional_args(final_eval_tasks, eval_every_seconds) -> None:
     if final_eval_tasks is not None and (
         isinstance(final_eval_tasks, bool)
         or not isinstance(final_eval_tasks, int)
@@ -206,68 +239,82 @@ def meta_train(
             f"meta_train(eval_every_seconds=...) must be None or a positive number, got "
             f"{eval_every_seconds!r}."
         )
-    say = log if log is not None else (lambda _: None)
-    init_key, train_key, eval_key = jax.random.split(key, 3)
-    state = learner.init(backbone, ways, init_key)
 
-    start = time.perf_counter()
-    step_fn = _compile_step(learner, train_sampler, state, train_key)
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    evaluate = _compile_evaluator(learner, test_sampler, eval_tasks, eval_key, state)
-    eval_seconds = time.perf_counter() - start
-    rows: list[dict] = []
-    losses: list[float] = []  # training losses since the last row
-    seconds = 0.0  # training time so far
 
-    def record(step: int, state) -> float:
-        """Evaluate ``state``, append its row and log it; return the time it took."""
+@dataclasses.dataclass
+class _Progress:
+    """A run's bookkeeping: the history rows, the training losses since the last row, and the
+    training and evaluation seconds so far."""
+
+    name: str  # the learner's
+    steps: int
+    eval_tasks: int
+    evaluate: Callable[[Any], np.ndarray]  # state -> per-task accuracies
+    say: Callable[[str], Any]
+    seconds: float = 0.0  # training time so far
+    eval_seconds: float = 0.0
+    rows: list[dict] = dataclasses.field(default_factory=list)
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+    def record(self, step: int, state) -> None:
+        """Evaluate ``state``, append its row, log it and count the evaluation's time."""
         start = time.perf_counter()
-        mean, ci = mean_ci95(evaluate(state))
+        mean, ci = mean_ci95(self.evaluate(state))
         spent = time.perf_counter() - start
-        loss = float(np.mean(losses)) if losses else float("nan")
-        losses.clear()
-        rows.append(dict(zip(HISTORY_COLUMNS, (step, seconds, loss, mean, ci), strict=True)))
-        say(
-            f"{learner.name} step {step}/{steps}: {seconds:.1f} s, train loss {loss:.4f}, "
-            f"test accuracy {100 * mean:.2f} +- {100 * ci:.2f} % ({eval_tasks} tasks)"
+        loss = float(np.mean(self.losses)) if self.losses else float("nan")
+        self.losses.clear()
+        row = (step, self.seconds, loss, mean, ci)
+        self.rows.append(dict(zip(HISTORY_COLUMNS, row, strict=True)))
+        self.say(
+            f"{self.name} step {step}/{self.steps}: {self.seconds:.1f} s, train loss "
+            f"{loss:.4f}, test accuracy {100 * mean:.2f} +- {100 * ci:.2f} % "
+            f"({self.eval_tasks} tasks)"
         )
-        return spent
+        self.eval_seconds += spent
 
-    eval_seconds += record(0, state)
-    stopped = None
+
+def _train(
+    step_fn, state, train_key, progress: _Progress, *, eval_every, eval_every_seconds, time_limit
+):
+    """The timed training steps with their evaluations; ``(last finite state, why stopped
+    early or None)``."""
+    steps, stopped = progress.steps, None
     for k in range(steps):
         step_key = jax.random.fold_in(train_key, k)  # no (steps,) key array: steps may be huge
         start = time.perf_counter()
         new_state, loss = jax.block_until_ready(step_fn(state, step_key))
-        seconds += time.perf_counter() - start
+        progress.seconds += time.perf_counter() - start
         loss = float(loss)
         if not math.isfinite(loss):
             stopped = f"non-finite training loss ({loss}) at step {k + 1}; history kept to step {k}"
-            say(f"{learner.name}: stopped: {stopped}")
+            progress.say(f"{progress.name}: stopped: {stopped}")
             break
         state = new_state
-        losses.append(loss)
+        progress.losses.append(loss)
         if k == 0:  # the first step's loss was taken at the initial state: row 0's
-            rows[0]["train_loss"] = loss
+            progress.rows[0]["train_loss"] = loss
+        seconds = progress.seconds
         if time_limit is not None and seconds >= time_limit and k + 1 < steps:
             stopped = f"time limit of {time_limit} training seconds reached after step {k + 1}"
-        due = eval_every_seconds is not None and seconds - rows[-1]["seconds"] >= eval_every_seconds
+        since = seconds - progress.rows[-1]["seconds"]
+        due = eval_every_seconds is not None and since >= eval_every_seconds
         if (k + 1) % eval_every == 0 or k + 1 == steps or stopped or due:
-            eval_seconds += record(k + 1, state)
+            progress.record(k + 1, state)
         if stopped:
-            say(f"{learner.name}: stopped: {stopped}")
+            progress.say(f"{progress.name}: stopped: {stopped}")
             break
-    history = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
-    final = None
-    if final_eval_tasks is not None:
-        start = time.perf_counter()
-        final_key = jax.random.fold_in(eval_key, final_eval_tasks)
-        final_eval = _compile_evaluator(learner, test_sampler, final_eval_tasks, final_key, state)
-        final = mean_ci95(final_eval(state))
-        eval_seconds += time.perf_counter() - start
-        say(
-            f"{learner.name} final: test accuracy {100 * final[0]:.2f} +- {100 * final[1]:.2f} % "
-            f"({final_eval_tasks} tasks)"
-        )
-    return MetaTrace(state, history, compile_seconds, eval_seconds, stopped, final)
+    return state, stopped
+
+
+def _final_evaluation(learner, test_sampler, tasks: int, eval_key, state, progress: _Progress):
+    """``(mean, ci95)`` of ``state`` on ``tasks`` tasks drawn from their own keys."""
+    start = time.perf_counter()
+    final_key = jax.random.fold_in(eval_key, tasks)
+    final_eval = _compile_evaluator(learner, test_sampler, tasks, final_key, state)
+    final = mean_ci95(final_eval(state))
+    progress.eval_seconds += time.perf_counter() - start
+    progress.say(
+        f"{learner.name} final: test accuracy {100 * final[0]:.2f} +- {100 * final[1]:.2f} % "
+        f"({tasks} tasks)"
+    )
+    return final

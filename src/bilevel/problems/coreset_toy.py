@@ -1,7 +1,7 @@
 r"""The 2-D coreset toy of the IBCG paper (Sec. 5.1, eq. (13), App. G.2; Figs. 1, 3, 4).
 
 Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani, "An Inexact Conditional Gradient Method for
-Constrained Bilevel Optimization" (preprint); spec ``shared/specs/ibcg.md`` 3.1. Find the point
+Constrained Bilevel Optimization" (preprint), Sec. 5.1 and App. G.2. Find the point
 closest to a target ``x_0`` whose image under a linear map A lies in the convex hull of four
 points ``x_1..x_4`` (the columns of X)::
 
@@ -12,12 +12,12 @@ Upper variable x = lambda (4 weights on the simplex), lower y = theta (2-D). Eve
 closed form: ``d2g/dy2 = A^T A`` (mu_g, L_g its eigenvalues), ``y*(x) = A^{-1} X x``,
 ``grad l(x) = X^T A^{-T} (A^{-1} X x - x_0)``; l is a convex quadratic (convex theory applies).
 
-The paper is silent on four things; the choices (spec 6) are:
+The paper is silent on four things; our choices are:
 
 1. A: ``A = diag(sqrt(L_g), sqrt(mu_g)) Q^T`` with Q the rotation by ``angle`` (pi/6), so
    ``A^T A`` has eigenvalues exactly {L_g, mu_g} and its eigenvectors are not the axes;
 2. the points x_1..x_4: the unit-square vertices (0,0), (1,0), (1,1), (0,1);
-3. L_g: 4 (the spec's sanity checks use 4; at L_g = mu_g = 1, A would be a rotation);
+3. L_g: 4 (at L_g = mu_g = 1, A would be a rotation);
 4. mu_g: the figure's value, 1 (Fig. 1) or 0.1 (Figs. 3-4), the factory's argument.
 
 The target ``x_0 = (2, 2)``, ``theta_0 = (0, 0)`` and ``lambda_0 = 1_4/4`` are the paper's.
@@ -70,7 +70,8 @@ class CoresetReference:
         return 0.5 * float(np.sum((self.y_star(lam) - self.target) ** 2))
 
     def grad_F(self, lam: np.ndarray) -> np.ndarray:
-        """``X^T A (A^T A)^{-1} (theta*(lambda) - x_0)`` (spec 3.1) = ``X^T A^{-T} (...)``."""
+        """``X^T A (A^T A)^{-1} (theta*(lambda) - x_0)`` = ``X^T A^{-T} (...)``: the paper's
+        hypergradient eq. (5) on problem (13)."""
         return self.X.T @ np.linalg.solve(self.A.T, self.y_star(lam) - self.target)
 
     @property

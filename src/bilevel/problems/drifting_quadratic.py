@@ -1,6 +1,8 @@
 r"""A drifting quadratic stream: an online bilevel problem with every quantity in closed form.
 
-Round t (from 1) of the stream (spec ``f2obo.md`` section 4, "Suggested synthetic family")::
+A test family of ours for the regret bounds of Jia & Chen, "Fully First-Order Algorithms for Online
+Non-Convex Bilevel Optimization", arXiv:2602.11665 (Theorems 3.1 and 4.1, whose terms V_T and
+H_{2,T} are its Eq. (4)); every term has a closed form here. Round t (from 1) of the stream::
 
     g_t(x, y) = 1/2 y^T A y - y^T (B x + c_t)          y*_t(x) = A^{-1} (B x + c_t)
     f_t(x, y) = 1/2 ||y - b_t||^2 + 1/2 rho_x ||x||^2
@@ -202,50 +204,23 @@ def drifting_quadratic(
         :class:`DriftingQuadraticReference` (of the mean problem) and whose ``metrics`` report
         ``grad_norm`` (||grad F_t(x_t)||), ``y_err`` (||y_t - y*_t(x_t)||) and ``F`` (F_t(x_t)).
     """
-    for name, v in (("dx", dx), ("dy", dy)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"drifting_quadratic({name}=...) must be a positive int, got {v!r}.")
-    if not cond >= 1:
-        raise ValueError(f"drifting_quadratic(cond=...) must be >= 1, got {cond}.")
+    _check_args(dx, dy, cond)
     rng = np.random.default_rng(seed)
-    q, r = np.linalg.qr(rng.standard_normal((dy, dy)))
-    q = q * np.sign(np.diag(r))
-    A = (q * np.linspace(1.0, cond, dy)) @ q.T
-    A = 0.5 * (A + A.T)
-    B = coupling * rng.standard_normal((dy, dx)) / np.sqrt(dx)
-    horizon_rounds = horizon if isinstance(horizon, int) and horizon >= 1 else 1
-    c = _drift(rng, rng.standard_normal(dy), horizon_rounds, drift_inner, drift_decay)
-    b = _drift(rng, rng.standard_normal(dy), horizon_rounds, drift_outer, drift_decay)
+    rounds = horizon if isinstance(horizon, int) and horizon >= 1 else 1
+    A, B = _fixed_matrices(rng, dx, dy, cond, coupling)
+    c = _drift(rng, rng.standard_normal(dy), rounds, drift_inner, drift_decay)
+    b = _drift(rng, rng.standard_normal(dy), rounds, drift_outer, drift_decay)
     dtype = jnp.result_type(float)
     x0, y0 = _start(dx, dtype, pytree), _start(dy, dtype, pytree)
     unravel_x, unravel_y = (ravel_pytree(v)[1] if pytree else None for v in (x0, y0))
     ref = DriftingQuadraticReference(
         A=A, B=B, c=c, b=b, rho_x=float(rho_x), unravel_x=unravel_x, unravel_y=unravel_y
     )
-
-    Aj, Bj, cj, bj = (jnp.asarray(m, dtype) for m in (A, B, c, b))
+    inner, outer = _levels(A, B, c, b, rho_x, dtype)
     inner_data = outer_data = None
     if stochastic:
         inner_data = {"c": _samples(rng, c, n_samples, noise).astype(dtype)}
         outer_data = {"b": _samples(rng, b, n_samples, noise).astype(dtype)}
-
-    def inner(t, x, y, batch):
-        x, y = _flat(x), _flat(y)
-        centre = cj[t - 1] if batch is None else jnp.mean(batch["c"], axis=0)
-        return 0.5 * y @ (Aj @ y) - y @ (Bj @ x + centre)
-
-    def outer(t, x, y, batch):
-        x, y = _flat(x), _flat(y)
-        target = bj[t - 1] if batch is None else jnp.mean(batch["b"], axis=0)
-        return 0.5 * jnp.sum((y - target) ** 2) + 0.5 * rho_x * jnp.sum(x**2)
-
-    def metrics(t, x, y):
-        return {
-            "grad_norm": jnp.linalg.norm(_flat(ref.grad_F(t, x))),
-            "y_err": jnp.linalg.norm(_flat(y) - _flat(ref.y_star(t, x))),
-            "F": ref.F(t, x),
-        }
-
     kind = ", stochastic" if stochastic else ""
     name = (
         f"drifting_quadratic(dx={dx}, dy={dy}, T={horizon}, drift_inner={drift_inner}, "
@@ -260,7 +235,57 @@ def drifting_quadratic(
         x_set=x_set,
         outer_data=outer_data,
         inner_data=inner_data,
-        metrics=metrics,
+        metrics=_closed_form_metrics(ref),
         name=name,
         reference=ref,
     )
+
+
+def _check_args(dx, dy, cond) -> None:
+    for name, v in (("dx", dx), ("dy", dy)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"drifting_quadratic({name}=...) must be a positive int, got {v!r}.")
+    if not cond >= 1:
+        raise ValueError(f"drifting_quadratic(cond=...) must be >= 1, got {cond}.")
+
+
+def _fixed_matrices(rng: np.random.Generator, dx: int, dy: int, cond: float, coupling: float):
+    """``(A, B)``: A with eigenvalues evenly spaced in [1, cond] in a random orthonormal
+    basis, B of scale ``coupling`` (drawn in this order, before the centres)."""
+    q, r = np.linalg.qr(rng.standard_normal((dy, dy)))
+    q = q * np.sign(np.diag(r))
+    A = (q * np.linspace(1.0, cond, dy)) @ q.T
+    A = 0.5 * (A + A.T)
+    B = coupling * rng.standard_normal((dy, dx)) / np.sqrt(dx)
+    return A, B
+
+
+def _levels(A, B, c, b, rho_x: float, dtype):
+    """``(inner, outer)``: g_t and f_t of the module docstring; a batch (stochastic variant)
+    replaces the centre c_t or b_t by its samples' mean."""
+    Aj, Bj, cj, bj = (jnp.asarray(m, dtype) for m in (A, B, c, b))
+
+    def inner(t, x, y, batch):
+        x, y = _flat(x), _flat(y)
+        centre = cj[t - 1] if batch is None else jnp.mean(batch["c"], axis=0)
+        return 0.5 * y @ (Aj @ y) - y @ (Bj @ x + centre)
+
+    def outer(t, x, y, batch):
+        x, y = _flat(x), _flat(y)
+        target = bj[t - 1] if batch is None else jnp.mean(batch["b"], axis=0)
+        return 0.5 * jnp.sum((y - target) ** 2) + 0.5 * rho_x * jnp.sum(x**2)
+
+    return inner, outer
+
+
+def _closed_form_metrics(ref: DriftingQuadraticReference):
+    """``grad_norm``, ``y_err`` and ``F`` of round t from the reference's closed forms."""
+
+    def metrics(t, x, y):
+        return {
+            "grad_norm": jnp.linalg.norm(_flat(ref.grad_F(t, x))),
+            "y_err": jnp.linalg.norm(_flat(y) - _flat(ref.y_star(t, x))),
+            "F": ref.F(t, x),
+        }
+
+    return metrics

@@ -1,8 +1,8 @@
 r"""Data hyper-cleaning: learn one weight per (noisily labelled) training sample.
 
 Kwon, Kwon, Wright, Nowak, "A Fully First-Order Method for Stochastic Bilevel Optimization",
-ICML 2023, Section 5 (spec f2sa.md section 4.2), in the *mean* form (spec: "default = means",
-as stocBiO does)::
+ICML 2023, Section 5, in the *mean* form (as stocBiO's implementation, the paper's SOBO
+baseline, does)::
 
     min_x  f(x, y) = (1/m) sum_{j <= m} CE(y; a_j, b_j)                      (clean validation)
     s.t.   y*(x) = argmin_y  g(x, y) = (1/n) sum_{i <= n} sigmoid(x_i) CE(y; a~_i, b~_i)
@@ -12,14 +12,14 @@ as stocBiO does)::
 model: multinomial logistic regression ``{"W": (d, C), "b": (C,)}`` (zeros at the start), a
 one-hidden-layer ReLU MLP (``model="mlp"``), or a small CNN (``model="cnn"``: LeNet-5 features
 and a linear head, for 28x28 or 32x32 images given as flat rows). The paper writes sums; with
-sums over 19,000 samples ``c = 0.01`` would be negligible and mu_g, L_g would scale with n
-(f2sa.md pitfall 12).
+sums over 19,000 samples ``c = 0.01`` would be negligible and mu_g, L_g would scale with n,
+changing every step-size rule.
 
-* The ridge ``c ||y||^2`` covers the bias too (the spec's model is ``W in R^{10 x 785}``, 784
-  pixels plus a bias column, "which makes g 2c-strongly convex"): without it the bias would
-  have a flat direction (softmax is invariant to adding a constant to every logit), so mu_g
-  would be 0. With ``model="logistic"``, g is ``2c``-strongly convex in y for every x. The MLP
-  and the CNN are not convex; they are offered for experiments only.
+* The ridge ``c ||y||^2`` covers the bias too (Section 5 names only "a logistic loss function
+  with parameter w"; stocBiO's model is ``W in R^{10 x 785}``, 784 pixels plus a bias column):
+  without it the bias would have a flat direction (softmax is invariant to adding a constant
+  to every logit), so mu_g would be 0. With ``model="logistic"``, g is ``2c``-strongly convex
+  in y for every x. The MLP and the CNN are not convex; they are offered for experiments only.
 * The inner data carries an ``"index"`` column ``arange(n)``: a minibatch B gives
   ``(1/|B|) sum_{i in B} sigmoid(x_{index_i}) CE_i + c ||y||^2``, an unbiased estimate of g whose
   x-gradient is sparse (non-zero only on the sampled coordinates, each with factor 1/|B|).
@@ -152,6 +152,39 @@ def hyper_cleaning(
     Xv, yv = M.check_pair(X_val, y_val, "X_val", "y_val", _FN, num_classes=C, d=d)
     test = M.check_optional_pair(X_test, y_test, "X_test", "y_test", _FN, num_classes=C, d=d)
     c = M.check_nonneg(c, "c", _FN)
+    _check_model(model, hidden, d)
+    low = _check_compute_dtype(compute_dtype, model)
+    mask = _check_corrupted(corrupted, n)
+    dtype = M.float_dtype()
+    apply, y0 = _model(model, d, C, hidden, seed, dtype)
+    if low is not None:  # data stored in the compute dtype; the model casts y to it
+        apply = M.in_compute_dtype(apply, low, dtype)
+        Xtr, Xv = Xtr.astype(low), Xv.astype(low)
+        test = None if test is None else (test[0].astype(low), test[1])
+    inner_data = {"X": Xtr, "y": ytr, "index": np.arange(n, dtype=np.int32)}
+    outer_data = {"X": Xv, "y": yv}
+    inner, outer = _cleaning_levels(apply, c)
+    # a network's activations on a whole split take gigabytes (LeNet-5 on 59,000 images: 19 GB
+    # peak for the default full-data inner_grad_norm): its metrics run over blocks of rows
+    rows = None if model == "logistic" else EVAL_ROWS
+    metrics = _cleaning_metrics(apply, inner, outer_data, test, mask, inner_data, rows)
+    ref = HyperCleaningReference(apply=apply, c=c, num_classes=C, model=model, corrupted=mask)
+    label = f"mlp{hidden}" if model == "mlp" else model
+    label += "" if low is None else ", bfloat16 compute"
+    return BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros((n,), dtype),
+        y0=y0,
+        outer_data=outer_data,
+        inner_data=inner_data,
+        metrics=metrics,
+        name=f"hyper_cleaning(n={n}, d={d}, C={C}, c={c}, {label})",
+        reference=ref,
+    )
+
+
+def _check_model(model: str, hidden, d: int) -> None:
     M.check_choice(model, "model", _FN, ("logistic", "mlp", "cnn"))
     if model != "mlp" and hidden != 0:
         raise ValueError(f"{_FN}(hidden=...) must be 0 for model={model!r}, got {hidden!r}.")
@@ -162,36 +195,33 @@ def hyper_cleaning(
         )
     if model == "mlp" and not (isinstance(hidden, int | np.integer) and hidden >= 1):
         raise ValueError(f"{_FN}(hidden=...) must be an int >= 1 for model='mlp', got {hidden!r}.")
-    low = _check_compute_dtype(compute_dtype, model)
-    mask = None
-    if corrupted is not None:
-        mask = np.asarray(corrupted)
-        if mask.shape != (n,) or mask.dtype != bool:
-            raise ValueError(
-                f"{_FN}(corrupted=...) must be a bool array of shape ({n},) (one flag per "
-                f"training sample), got dtype {mask.dtype} and shape {mask.shape}."
-            )
 
-    dtype = M.float_dtype()
-    if model == "logistic":
-        apply, y0 = M.linear, M.init_linear(d, C, dtype)
-    elif model == "mlp":
-        apply, y0 = M.mlp, M.init_mlp((d, int(hidden), C), seed=seed, dtype=dtype)
-    else:
-        apply, y0 = (
-            _cnn,
-            {
-                "features": M.init_lenet5(seed, dtype),
-                "head": M.init_linear(M.LENET5_FEATURES, C, dtype),
-            },
+
+def _check_corrupted(corrupted, n: int) -> np.ndarray | None:
+    if corrupted is None:
+        return None
+    mask = np.asarray(corrupted)
+    if mask.shape != (n,) or mask.dtype != bool:
+        raise ValueError(
+            f"{_FN}(corrupted=...) must be a bool array of shape ({n},) (one flag per "
+            f"training sample), got dtype {mask.dtype} and shape {mask.shape}."
         )
+    return mask
 
-    if low is not None:  # data stored in the compute dtype; the model casts y to it
-        apply = M.in_compute_dtype(apply, low, dtype)
-        Xtr, Xv = Xtr.astype(low), Xv.astype(low)
-        test = None if test is None else (test[0].astype(low), test[1])
-    inner_data = {"X": Xtr, "y": ytr, "index": np.arange(n, dtype=np.int32)}
-    outer_data = {"X": Xv, "y": yv}
+
+def _model(model: str, d: int, C: int, hidden, seed: int, dtype):
+    """``(apply, y0)``: the model ``apply(y, X) -> logits`` and its start."""
+    if model == "logistic":
+        return M.linear, M.init_linear(d, C, dtype)
+    if model == "mlp":
+        return M.mlp, M.init_mlp((d, int(hidden), C), seed=seed, dtype=dtype)
+    head = M.init_linear(M.LENET5_FEATURES, C, dtype)
+    return _cnn, {"features": M.init_lenet5(seed, dtype), "head": head}
+
+
+def _cleaning_levels(apply, c: float):
+    """``(inner, outer)``: the sigmoid-weighted training cross-entropy plus ``c ||y||^2`` over
+    the batch's ``"index"`` column, and the validation cross-entropy (F2SA, Sec. 5)."""
 
     def inner(x, y, batch):
         weights = jax.nn.sigmoid(x[batch["index"]])
@@ -201,17 +231,19 @@ def hyper_cleaning(
     def outer(x, y, batch):
         return jnp.mean(M.softmax_cross_entropy(apply(y, batch["X"]), batch["y"]))
 
-    Xv_j, yv_j = jnp.asarray(Xv), jnp.asarray(yv)
+    return inner, outer
+
+
+def _cleaning_metrics(apply, inner, val: dict, test, mask, inner_data: dict, rows: int | None):
+    """The metrics of :func:`hyper_cleaning` (its Returns), over blocks of ``rows`` rows
+    (``None``: each split at once); with ``rows``, also ``inner_grad_norm`` by blocks."""
+    Xv_j, yv_j = jnp.asarray(val["X"]), jnp.asarray(val["y"])
     test_j = None if test is None else tuple(jnp.asarray(a) for a in test)
     groups = {}
     if mask is not None:
         for name, sel in (("weight_corrupted", mask), ("weight_clean", ~mask)):
             if sel.any():
                 groups[name] = jnp.asarray(np.flatnonzero(sel).astype(np.int32))
-
-    # a network's activations on a whole split take gigabytes (LeNet-5 on 59,000 images: 19 GB
-    # peak for the default full-data inner_grad_norm): its metrics run over blocks of rows
-    rows = None if model == "logistic" else EVAL_ROWS
     inner_j = jax.tree.map(jnp.asarray, inner_data) if rows else None
 
     def loss_and_accuracy(y, X, labels):
@@ -234,20 +266,7 @@ def hyper_cleaning(
             out["inner_grad_norm"] = tree_norm(grad)
         return out
 
-    ref = HyperCleaningReference(apply=apply, c=c, num_classes=C, model=model, corrupted=mask)
-    label = f"mlp{hidden}" if model == "mlp" else model
-    label += "" if low is None else ", bfloat16 compute"
-    return BilevelProblem(
-        outer=outer,
-        inner=inner,
-        x0=jnp.zeros((n,), dtype),
-        y0=y0,
-        outer_data=outer_data,
-        inner_data=inner_data,
-        metrics=metrics,
-        name=f"hyper_cleaning(n={n}, d={d}, C={C}, c={c}, {label})",
-        reference=ref,
-    )
+    return metrics
 
 
 def _mean_over_blocks(fn, data, rows: int | None):
@@ -423,8 +442,8 @@ def hyper_cleaning_dataset(
     the first ``n_train`` labels with probability ``p`` (``bl.data.corrupt_labels``: a uniformly
     random *different* class, fixed once), keeps the next ``n_val`` clean for validation, and
     the first ``n_test`` images of the test split for testing. Pixels are scaled to [0, 1] by
-    the loader, then normalised by the mean and standard deviation of the training pixels (the
-    spec's ``Normalize(0.1307, 0.3081)`` for MNIST) and flattened to 784 features. ``options``
+    the loader, then normalised by the mean and standard deviation of the training pixels
+    (stocBiO's ``Normalize(0.1307, 0.3081)`` for MNIST) and flattened to 784 features. ``options``
     go to :func:`hyper_cleaning` (``c``, ``model``, ``hidden``).
 
     Args:

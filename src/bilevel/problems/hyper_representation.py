@@ -1,7 +1,8 @@
 r"""Hyper-representation: the outer level learns features, the inner level a head on them.
 
 Sow, Ji, Liang, "On the Convergence Theory for Hessian-Free Bilevel Algorithms", NeurIPS 2022
-(PZOBO), Section 4 (spec pzobo.md section 4, E1-E3).
+(PZOBO), Sections 4.1 and 4.2 (experiments E1-E3 of this library: E1, E2 the linear and the
+two-layer embedding of Sec. 4.1, E3 the LeNet of Sec. 4.2 and Appendix B.3).
 
 **Shallow (E1, E2; eq. (8)).** With features ``T(X; x)`` and a ridge head ``w in R^d``::
 
@@ -180,14 +181,8 @@ def hyper_representation(
     """
     fn = "hyper_representation"
     M.check_choice(kind, "kind", fn, ("linear", "2layer"))
-    X2 = M.check_features(X_in, "X_in", fn)
-    n2, m = X2.shape
-    Y2 = M.check_features(Y_in, "Y_in", fn, ndim=1, n=n2)
-    X1 = M.check_features(X_out, "X_out", fn)
-    if X1.shape[1] != m:
-        raise ValueError(f"{fn}(X_out=...) has {X1.shape[1]} columns but X_in has {m}.")
-    n1 = X1.shape[0]
-    Y1 = M.check_features(Y_out, "Y_out", fn, ndim=1, n=n1)
+    X2, Y2, X1, Y1 = _check_shallow_data(X_in, Y_in, X_out, Y_out)
+    (n2, m), n1 = X2.shape, X1.shape[0]
     if isinstance(d, bool) or not isinstance(d, int | np.integer) or d < 1:
         raise ValueError(f"{fn}(d=...) must be a positive int, got {d!r}.")
     gamma = M.check_nonneg(gamma, "gamma", fn)
@@ -195,19 +190,68 @@ def hyper_representation(
         raise ValueError(
             f"{fn}(gamma=...) must be > 0 (the inner problem must be strongly convex)."
         )
+    shapes = _embedding_shapes(kind, m, d, hidden)
+    x0, y0 = _shallow_starts(kind, m, shapes, x0, y0, d, seed)
+    features = _shallow_features(kind)
+
+    def sq_loss(x, w, batch):
+        return 0.5 * jnp.mean((features(x, batch["X"]) @ w - batch["Y"]) ** 2)
+
+    def inner(x, w, batch):
+        return sq_loss(x, w, batch) + 0.5 * gamma * jnp.sum(w**2)
+
+    X1j, Y1j, X2j, Y2j = (jnp.asarray(a) for a in (X1, Y1, X2, Y2))
+    ridge = _ridge_solver(X2j, Y2j, gamma, d)
+    if kind == "linear":
+        metrics = _linear_metrics(ridge, X1j, Y1j, X2j, Y2j)
+    else:
+        metrics = _autodiff_metrics(ridge, features, sq_loss, X1j, Y1j, X2j)
+    label = "linear" if kind == "linear" else f"2layer, hidden={hidden}"
+    return BilevelProblem(
+        outer=sq_loss,
+        inner=inner,
+        x0=x0,
+        y0=y0,
+        outer_data={"X": X1, "Y": Y1},
+        inner_data={"X": X2, "Y": Y2},
+        metrics=metrics,
+        name=f"hyper_representation({label}, m={m}, d={d}, n_in={n2}, n_out={n1})",
+    )
+
+
+def _check_shallow_data(X_in, Y_in, X_out, Y_out):
+    """The checked ``(X2, Y2, X1, Y1)`` of eq. (8): inner (training) then outer data."""
+    fn = "hyper_representation"
+    X2 = M.check_features(X_in, "X_in", fn)
+    n2, m = X2.shape
+    Y2 = M.check_features(Y_in, "Y_in", fn, ndim=1, n=n2)
+    X1 = M.check_features(X_out, "X_out", fn)
+    if X1.shape[1] != m:
+        raise ValueError(f"{fn}(X_out=...) has {X1.shape[1]} columns but X_in has {m}.")
+    Y1 = M.check_features(Y_out, "Y_out", fn, ndim=1, n=X1.shape[0])
+    return X2, Y2, X1, Y1
+
+
+def _embedding_shapes(kind: str, m: int, d: int, hidden):
+    """The shapes of ``x = {"H1", "H2"}`` for ``kind="2layer"``; ``None`` for the linear kind
+    (x = H, (m, d))."""
+    fn = "hyper_representation"
     if kind == "2layer":
         if isinstance(hidden, bool) or not isinstance(hidden, int | np.integer) or hidden < 1:
             raise ValueError(
                 f"{fn}(hidden=...) must be a positive int for kind='2layer', got {hidden!r}."
             )
-        shapes = {"H1": (m, int(hidden)), "H2": (int(hidden), d)}
-    elif hidden is not None:
+        return {"H1": (m, int(hidden)), "H2": (int(hidden), d)}
+    if hidden is not None:
         raise ValueError(f"{fn}(hidden=...) applies to kind='2layer' only.")
-    else:
-        shapes = None
-    dtype = M.float_dtype()
-    rng = np.random.default_rng(seed)
+    return None
 
+
+def _shallow_starts(kind: str, m: int, shapes, x0, y0, d: int, seed: int):
+    """``(x0, y0)`` in the float dtype: the given ones (shapes checked) or N(0, 1) entries
+    from ``default_rng(seed)``, x0 drawn first."""
+    fn = "hyper_representation"
+    rng = np.random.default_rng(seed)
     if x0 is None:
         if kind == "linear":
             x0 = rng.standard_normal((m, d))
@@ -224,9 +268,12 @@ def hyper_representation(
         y0 = rng.standard_normal(d)
     elif np.shape(y0) != (d,):
         raise ValueError(f"{fn}(y0=...) must have shape ({d},), got {np.shape(y0)}.")
-    x0 = jax.tree.map(lambda a: jnp.asarray(a, dtype), x0)
-    y0 = jnp.asarray(y0, dtype)
+    dtype = M.float_dtype()
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), x0), jnp.asarray(y0, dtype)
 
+
+def _shallow_features(kind: str):
+    """T(X; x) of eq. (8): ``X H`` (linear) or ``sigmoid(sigmoid(X H1) H2)`` (2layer)."""
     if kind == "linear":
 
         def features(x, X):
@@ -236,59 +283,59 @@ def hyper_representation(
         def features(x, X):
             return _sigmoid_net(x["H1"], x["H2"], X)
 
-    def sq_loss(x, w, batch):
-        return 0.5 * jnp.mean((features(x, batch["X"]) @ w - batch["Y"]) ** 2)
+    return features
 
-    def inner(x, w, batch):
-        return sq_loss(x, w, batch) + 0.5 * gamma * jnp.sum(w**2)
 
-    X1j, Y1j, X2j, Y2j = (jnp.asarray(a) for a in (X1, Y1, X2, Y2))
+def _ridge_solver(X2j, Y2j, gamma: float, d: int):
+    """``ridge(Z) -> (w*, R)``: the inner solution for features Z = T(X2; x) and the
+    triangular factor R (R^T R = Z^T Z / n2 + gamma I), by a QR of the stacked least-squares
+    matrix [Z / sqrt(n2); sqrt(gamma) I]: no normal equations, so float32 loses only
+    cond(R) = sqrt(cond(A)) digits."""
+    n2 = X2j.shape[0]
     root_gamma = float(np.sqrt(gamma))
+    dtype = M.float_dtype()
 
     def ridge(Z):
-        """w* and the triangular factor R (R^T R = Z^T Z / n2 + gamma I) by a QR of the
-        stacked least-squares matrix [Z / sqrt(n2); sqrt(gamma) I]: no normal equations, so
-        float32 loses only cond(R) = sqrt(cond(A)) digits."""
         stacked = jnp.concatenate([Z / np.sqrt(n2), root_gamma * jnp.eye(d, dtype=dtype)])
         Q, R = jnp.linalg.qr(stacked)
         w = jax.scipy.linalg.solve_triangular(R, Q[:n2].T @ (Y2j / np.sqrt(n2)), lower=False)
         return w, R
 
-    if kind == "linear":
+    return ridge
 
-        def metrics(H, w_cur):
-            w, R = ridge(X2j @ H)
-            r1 = X1j @ (H @ w) - Y1j  # outer residuals
-            a1 = X1j.T @ r1 / n1  # grad_H f = a1 w^T, grad_w f = H^T a1
-            u = jax.scipy.linalg.solve_triangular(R, H.T @ a1, trans="T", lower=False)
-            v = jax.scipy.linalg.solve_triangular(R, u, lower=False)  # A^{-1} grad_w f
-            a2 = X2j.T @ (X2j @ (H @ w) - Y2j) / n2
-            b2 = X2j.T @ (X2j @ (H @ v)) / n2
-            grad = jnp.outer(a1, w) - jnp.outer(a2, v) - jnp.outer(b2, w)
-            return {"F": 0.5 * jnp.mean(r1**2), "grad_norm": jnp.linalg.norm(grad)}
 
-    else:
+def _linear_metrics(ridge, X1j, Y1j, X2j, Y2j):
+    """Exact ``F`` and ``grad_norm`` of the linear kind: the module docstring's IFT formula
+    from residuals (not Gram matrices) and the ridge's triangular factor."""
+    n1, n2 = X1j.shape[0], X2j.shape[0]
 
-        def F_exact(x):
-            w, _ = ridge(features(x, X2j))
-            return sq_loss(x, w, {"X": X1j, "Y": Y1j})
+    def metrics(H, w_cur):
+        w, R = ridge(X2j @ H)
+        r1 = X1j @ (H @ w) - Y1j  # outer residuals
+        a1 = X1j.T @ r1 / n1  # grad_H f = a1 w^T, grad_w f = H^T a1
+        u = jax.scipy.linalg.solve_triangular(R, H.T @ a1, trans="T", lower=False)
+        v = jax.scipy.linalg.solve_triangular(R, u, lower=False)  # A^{-1} grad_w f
+        a2 = X2j.T @ (X2j @ (H @ w) - Y2j) / n2
+        b2 = X2j.T @ (X2j @ (H @ v)) / n2
+        grad = jnp.outer(a1, w) - jnp.outer(a2, v) - jnp.outer(b2, w)
+        return {"F": 0.5 * jnp.mean(r1**2), "grad_norm": jnp.linalg.norm(grad)}
 
-        def metrics(x, w_cur):
-            F, grad = jax.value_and_grad(F_exact)(x)
-            flat = jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(grad)])
-            return {"F": F, "grad_norm": jnp.linalg.norm(flat)}
+    return metrics
 
-    label = "linear" if kind == "linear" else f"2layer, hidden={hidden}"
-    return BilevelProblem(
-        outer=sq_loss,
-        inner=inner,
-        x0=x0,
-        y0=y0,
-        outer_data={"X": X1, "Y": Y1},
-        inner_data={"X": X2, "Y": Y2},
-        metrics=metrics,
-        name=f"hyper_representation({label}, m={m}, d={d}, n_in={n2}, n_out={n1})",
-    )
+
+def _autodiff_metrics(ridge, features, sq_loss, X1j, Y1j, X2j):
+    """Exact ``F`` and ``grad_norm``: ``f(x, w*(x))`` differentiated through the ridge solve."""
+
+    def F_exact(x):
+        w, _ = ridge(features(x, X2j))
+        return sq_loss(x, w, {"X": X1j, "Y": Y1j})
+
+    def metrics(x, w_cur):
+        F, grad = jax.value_and_grad(F_exact)(x)
+        flat = jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(grad)])
+        return {"F": F, "grad_norm": jnp.linalg.norm(flat)}
+
+    return metrics
 
 
 def hyper_representation_synthetic(
@@ -373,29 +420,70 @@ def deep_hyper_representation(
     fn = "deep_hyper_representation"
     C = M.check_num_classes(num_classes, fn)
     dtype = M.float_dtype()
+    Xi, yi, Xo, yo = _check_image_data(images_in, labels_in, images_out, labels_out, C)
+    beta = M.check_nonneg(beta, "beta", fn)
+    if eval_size is not None and not (isinstance(eval_size, int) and eval_size >= 1):
+        raise ValueError(f"{fn}(eval_size=...) must be a positive int or None, got {eval_size!r}.")
+    if not (isinstance(chunk, int) and chunk >= 1):
+        raise ValueError(f"{fn}(chunk=...) must be a positive int, got {chunk!r}.")
+    x0 = _lenet_start(x0, seed, dtype)
+    y0 = M.init_linear(M.LENET5_FEATURES, C, dtype)
+    features = _chunked_lenet(chunk)
+
+    def ce(x, head, batch):
+        logits = M.linear(head, features(x, batch["X"]))
+        return jnp.mean(M.softmax_cross_entropy(logits, batch["y"]))
+
+    def inner(x, head, batch):
+        return ce(x, head, batch) + 0.5 * beta * M.sum_of_squares(head)
+
+    rng = np.random.default_rng(seed)
+    outer_eval = _eval_subset(rng, Xo, yo, eval_size)
+    inner_eval = _eval_subset(rng, Xi, yi, eval_size)
+    return BilevelProblem(
+        outer=ce,
+        inner=inner,
+        x0=x0,
+        y0=y0,
+        outer_data={"X": Xo, "y": yo},
+        inner_data={"X": Xi, "y": yi},
+        metrics=_deep_metrics(features, inner, outer_eval, inner_eval, eval_size is not None),
+        name=f"deep_hyper_representation(lenet5, n_in={Xi.shape[0]}, n_out={Xo.shape[0]}, "
+        f"C={C}, beta={beta})",
+    )
+
+
+def _check_image_data(images_in, labels_in, images_out, labels_out, C: int):
+    """``(Xi, yi, Xo, yo)``: the images as ``(n, 1, 32, 32)`` (28x28 zero-padded), labels
+    checked against C."""
+    fn = "deep_hyper_representation"
     Xi = M.pad_to_32(images_in, "images_in", fn)
     Xo = M.pad_to_32(images_out, "images_out", fn)
     Xi = M.check_features(Xi, "images_in", fn, ndim=4)
     Xo = M.check_features(Xo, "images_out", fn, ndim=4)
     yi = M.check_labels(labels_in, "labels_in", fn, n=Xi.shape[0], num_classes=C)
     yo = M.check_labels(labels_out, "labels_out", fn, n=Xo.shape[0], num_classes=C)
-    beta = M.check_nonneg(beta, "beta", fn)
-    if eval_size is not None and not (isinstance(eval_size, int) and eval_size >= 1):
-        raise ValueError(f"{fn}(eval_size=...) must be a positive int or None, got {eval_size!r}.")
-    if not (isinstance(chunk, int) and chunk >= 1):
-        raise ValueError(f"{fn}(chunk=...) must be a positive int, got {chunk!r}.")
+    return Xi, yi, Xo, yo
+
+
+def _lenet_start(x0, seed: int, dtype):
+    """LeNet-5 parameters: PyTorch-style init seeded by ``seed``, or ``x0`` (shapes checked)."""
     if x0 is None:
-        x0 = M.init_lenet5(seed, dtype)
-    else:
-        want = jax.tree.map(np.shape, M.init_lenet5(0, dtype))
-        try:
-            got = jax.tree.map(np.shape, x0)
-        except Exception:
-            got = None
-        if got != want:
-            raise ValueError(f"{fn}(x0=...) must be LeNet-5 parameters shaped {want}.")
-        x0 = jax.tree.map(lambda a: jnp.asarray(a, dtype), x0)
-    y0 = M.init_linear(M.LENET5_FEATURES, C, dtype)
+        return M.init_lenet5(seed, dtype)
+    want = jax.tree.map(np.shape, M.init_lenet5(0, dtype))
+    try:
+        got = jax.tree.map(np.shape, x0)
+    except Exception:
+        got = None
+    if got != want:
+        raise ValueError(
+            f"deep_hyper_representation(x0=...) must be LeNet-5 parameters shaped {want}."
+        )
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype), x0)
+
+
+def _chunked_lenet(chunk: int):
+    """``features(x, images)``: LeNet-5 features over at most ``chunk`` images at a time."""
 
     def features(x, images):
         n = images.shape[0]
@@ -409,20 +497,20 @@ def deep_hyper_representation(
         feats = jax.lax.map(lambda b: M.lenet5_features(x, b), chunks)
         return feats.reshape(-1, feats.shape[-1])[:n]
 
-    def ce(x, head, batch):
-        logits = M.linear(head, features(x, batch["X"]))
-        return jnp.mean(M.softmax_cross_entropy(logits, batch["y"]))
+    return features
 
-    def inner(x, head, batch):
-        return ce(x, head, batch) + 0.5 * beta * M.sum_of_squares(head)
 
-    rng = np.random.default_rng(seed)
-    k = Xo.shape[0] if eval_size is None else min(eval_size, Xo.shape[0])
-    sel = np.sort(rng.permutation(Xo.shape[0])[:k])
-    X_eval, y_eval = jnp.asarray(Xo[sel]), jnp.asarray(yo[sel])
-    k_in = Xi.shape[0] if eval_size is None else min(eval_size, Xi.shape[0])
-    sel_in = np.sort(rng.permutation(Xi.shape[0])[:k_in])
-    inner_eval = {"X": jnp.asarray(Xi[sel_in]), "y": jnp.asarray(yi[sel_in])}
+def _eval_subset(rng: np.random.Generator, X, y, eval_size: int | None) -> dict:
+    """A fixed random subset of ``eval_size`` samples (all when None), in their order."""
+    k = X.shape[0] if eval_size is None else min(eval_size, X.shape[0])
+    sel = np.sort(rng.permutation(X.shape[0])[:k])
+    return {"X": jnp.asarray(X[sel]), "y": jnp.asarray(y[sel])}
+
+
+def _deep_metrics(features, inner, outer_eval: dict, inner_eval: dict, subsets: bool):
+    """``eval_loss``, ``eval_acc`` on the outer subset; with ``subsets``, also ``outer_loss``
+    and ``inner_grad_norm`` on the subsets, replacing ``bl.solve``'s full-data ones."""
+    X_eval, y_eval = outer_eval["X"], outer_eval["y"]
 
     def metrics(x, head):
         logits = M.linear(head, features(x, X_eval))
@@ -430,22 +518,12 @@ def deep_hyper_representation(
             "eval_loss": jnp.mean(M.softmax_cross_entropy(logits, y_eval)),
             "eval_acc": M.accuracy(logits, y_eval),
         }
-        if eval_size is not None:  # replace bl.solve's full-data metrics (see eval_size)
+        if subsets:
             out["outer_loss"] = out["eval_loss"]
             out["inner_grad_norm"] = tree_norm(jax.grad(inner, 1)(x, head, inner_eval))
         return out
 
-    return BilevelProblem(
-        outer=ce,
-        inner=inner,
-        x0=x0,
-        y0=y0,
-        outer_data={"X": Xo, "y": yo},
-        inner_data={"X": Xi, "y": yi},
-        metrics=metrics,
-        name=f"deep_hyper_representation(lenet5, n_in={Xi.shape[0]}, n_out={Xo.shape[0]}, "
-        f"C={C}, beta={beta})",
-    )
+    return metrics
 
 
 def deep_hyper_representation_dataset(

@@ -15,8 +15,8 @@ distribution, as the paper says; so E[u_b CE] = J x the class-balanced cross-ent
 ``weight_decay`` term is ours (default 1e-4): a network is not strongly convex in its weights
 anyway, the term only keeps the inner Hessian from being singular along flat directions.
 
-**The stream** (the spec's reading of "four 100-timestep phases, transitioning from 0.6^i to
-0.9^i distribution for each class i"): class i has proportion p_i proportional to rho^i, with
+**The stream** (our reading of Sec. 6.1's "four 100-timestep phases, transitioning from 0.6^i
+to 0.9^i distribution for each class i"): class i has proportion p_i proportional to rho^i, with
 rho = 0.6, 0.7, 0.8, 0.9 in the four phases (the paper gives no intermediate values). Each
 round draws the class of every sample from p, then an image of that class uniformly from a
 pool; training and validation images come from disjoint pools (``val_fraction`` of the images
@@ -290,33 +290,9 @@ def imbalanced_stream(
         y = the CNN's parameters, held per-round data (outer: images, labels and u weights;
         inner: images and labels) and an :class:`ImbalancedReference`.
     """
-    fn = "imbalanced_stream"
-    images = np.asarray(images, float_dtype())
-    labels = np.asarray(labels)
-    if images.ndim != 3 or labels.shape != images.shape[:1]:
-        raise ValueError(
-            f"{fn}(images=..., labels=...) need shapes (n, H, W) and (n,), got {images.shape} "
-            f"and {labels.shape}."
-        )
-    if min(n_train, n_val, rounds_per_phase) < 1 or not rhos:
-        raise ValueError(
-            f"{fn} needs n_train, n_val, rounds_per_phase >= 1 and at least one phase, got "
-            f"n_train={n_train}, n_val={n_val}, rounds_per_phase={rounds_per_phase}, "
-            f"rhos={rhos}."
-        )
+    images, labels = _check_stream_args(images, labels, n_train, n_val, rounds_per_phase, rhos)
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(labels))
-    cut = int(round(val_fraction * len(labels)))
-    pools = {"val": order[:cut], "train": order[cut:]}
-    by_class = {}
-    for split, idx in pools.items():
-        by_class[split] = [idx[labels[idx] == c] for c in range(num_classes)]
-        empty = [c for c in range(num_classes) if len(by_class[split][c]) == 0]
-        if empty:
-            raise ValueError(
-                f"{fn}: the {split} pool has no image of classes {empty} ({len(labels)} images, "
-                f"val_fraction={val_fraction}); give more images."
-            )
+    pools = _class_pools(rng, labels, val_fraction, num_classes)
     horizon = len(rhos) * rounds_per_phase
     ref = ImbalancedReference(
         rhos=tuple(float(r) for r in rhos),
@@ -329,17 +305,8 @@ def imbalanced_stream(
         blocks=int(blocks),
     )
     props, u = ref.proportions, ref.weights
-
-    def draw(split: str, n: int):
-        ys = np.stack([rng.choice(num_classes, size=n, p=p) for p in props])  # (rounds, n)
-        picks = np.empty_like(ys)
-        for c in range(num_classes):
-            mask = ys == c
-            picks[mask] = rng.choice(by_class[split][c], size=int(mask.sum()))
-        return images[picks], ys.astype(np.int32)
-
-    tr_images, tr_labels = draw("train", n_train)
-    val_images, val_labels = draw("val", n_val)
+    tr_images, tr_labels = _draw_rounds(rng, images, props, pools["train"], n_train)
+    val_images, val_labels = _draw_rounds(rng, images, props, pools["val"], n_val)
     weights = np.take_along_axis(u, val_labels.astype(np.int64), axis=1).astype(float_dtype())
     dtype = float_dtype()
     x0 = {"scale": jnp.ones((num_classes,), dtype), "offset": jnp.zeros((num_classes,), dtype)}
@@ -361,3 +328,52 @@ def imbalanced_stream(
         name=f"imbalanced stream (rho {', '.join(f'{r:g}' for r in rhos)}; {horizon} rounds)",
         reference=ref,
     )
+
+
+def _check_stream_args(images, labels, n_train, n_val, rounds_per_phase, rhos):
+    """``(images, labels)`` as arrays, the images in the float dtype."""
+    fn = "imbalanced_stream"
+    images = np.asarray(images, float_dtype())
+    labels = np.asarray(labels)
+    if images.ndim != 3 or labels.shape != images.shape[:1]:
+        raise ValueError(
+            f"{fn}(images=..., labels=...) need shapes (n, H, W) and (n,), got {images.shape} "
+            f"and {labels.shape}."
+        )
+    if min(n_train, n_val, rounds_per_phase) < 1 or not rhos:
+        raise ValueError(
+            f"{fn} needs n_train, n_val, rounds_per_phase >= 1 and at least one phase, got "
+            f"n_train={n_train}, n_val={n_val}, rounds_per_phase={rounds_per_phase}, "
+            f"rhos={rhos}."
+        )
+    return images, labels
+
+
+def _class_pools(rng: np.random.Generator, labels, val_fraction: float, num_classes: int):
+    """Disjoint image pools by split and class: ``{"val": [indices of class c], "train": ...}``,
+    the validation pool a random ``val_fraction`` of the images."""
+    order = rng.permutation(len(labels))
+    cut = int(round(val_fraction * len(labels)))
+    pools = {"val": order[:cut], "train": order[cut:]}
+    by_class = {}
+    for split, idx in pools.items():
+        by_class[split] = [idx[labels[idx] == c] for c in range(num_classes)]
+        empty = [c for c in range(num_classes) if len(by_class[split][c]) == 0]
+        if empty:
+            raise ValueError(
+                f"imbalanced_stream: the {split} pool has no image of classes {empty} "
+                f"({len(labels)} images, val_fraction={val_fraction}); give more images."
+            )
+    return by_class
+
+
+def _draw_rounds(rng: np.random.Generator, images, props: np.ndarray, pool_by_class, n: int):
+    """``n`` samples per round: each class drawn from the round's proportions ``props``
+    (rounds, J), then an image of that class uniformly from its pool."""
+    num_classes = props.shape[1]
+    ys = np.stack([rng.choice(num_classes, size=n, p=p) for p in props])  # (rounds, n)
+    picks = np.empty_like(ys)
+    for c in range(num_classes):
+        mask = ys == c
+        picks[mask] = rng.choice(pool_by_class[c], size=int(mask.sum()))
+    return images[picks], ys.astype(np.int32)

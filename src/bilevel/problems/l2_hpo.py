@@ -2,33 +2,35 @@ r"""L2 hyperparameter optimisation: one regularisation coefficient per feature (
 
 Two problems, both with a validation loss that does not depend on x (``grad_x f = 0``):
 
-**STABLE eq. (32)** (:func:`l2_hpo_logistic`; spec stable.md section 4), binary logistic
-regression with labels ``b in {-1, +1}`` and weights ``y in R^d``::
+**STABLE eq. (32)** (:func:`l2_hpo_logistic`; Chen, Sun, Xiao, Yin, AISTATS 2022, Sec. 4),
+binary logistic regression with labels ``b in {-1, +1}`` and weights ``y in R^d``::
 
     min_x  f(x, y) = (1/m) sum_j log(1 + exp(-b_j a_j^T y))                  (validation)
     s.t.   y*(x) = argmin_y (1/n) sum_i log(1 + exp(-b~_i a~_i^T y)) + R(x, y)   (training)
 
 with ``R = sum_i x_i y_i^2`` (``form="xy2"``, the paper's; no 1/2, not divided by n) or
 ``R = sum_i exp(x_i) y_i^2`` (``form="exp"``, a reparametrisation). R is deterministic, so it
-sits in every minibatch estimate of g. The losses are means (stable.md: "use the mean loss").
+sits in every minibatch estimate of g. The losses are means (eq. (32) writes expectations over
+the training and validation sets).
 
-*Positivity of x for ``form="xy2"``.* g is strongly convex only when every ``x_i > 0``
-(mu_g >= 2 min_i x_i), and the paper's ``x in R^d`` guarantees nothing. Following stable.md
-pitfall 8 ("use a box X = [x_min, x_max]^d with x_min > 0 and projection ... and document the
-choice") the problem carries ``x_set = bl.sets.Box(x_min, x_max)`` (default ``[1e-3, 10]``,
-so every projected method stays in the strongly convex region) and starts at ``x0 = 0.1``.
+*Positivity of x for ``form="xy2"``.* g is strongly convex (the paper's Assumption 2) only when
+every ``x_i > 0`` (mu_g >= 2 min_i x_i), and eq. (32)'s ``x in R^d`` guarantees nothing. The
+paper's problem (1a) allows a closed convex set X for x, onto which eq. (8a) projects, so the
+problem carries ``x_set = bl.sets.Box(x_min, x_max)`` (default ``[1e-3, 10]``, so every
+projected method stays in the strongly convex region) and starts at ``x0 = 0.1``.
 ``form="exp"`` is unconstrained with ``x0 = 0`` (the paper's algorithm on a reparametrised
-problem, as the spec warns).
+problem, so no longer exactly the paper's).
 
-**PZOBO E5 / hypertorch** (:func:`l2_hpo_linear`; spec pzobo.md section 4 E5), a multinomial
-linear classifier ``w in R^{d x C}`` without bias, initialised at 0::
+**PZOBO E5 / hypertorch** (:func:`l2_hpo_linear`; Sow, Ji, Liang, NeurIPS 2022, Sec. 4.4 and
+Appendix C, eq. (10)), a multinomial linear classifier ``w in R^{d x C}`` without bias,
+initialised at 0::
 
     g(lambda, w) = (1/n) sum_i CE(w; a_i, b_i) + 0.5 * mean(w^2 * exp(lambda))
     f(lambda, w) = (1/m) sum_j CE(w; a_j, b_j)
 
 where the mean in the regulariser runs over all ``d * C`` entries of w (hypertorch's
 ``l2reg_on_twentynews.py``) and ``lambda`` has one entry per feature, broadcast over the classes
-(``per="feature"``, hypertorch), or one per weight (``per="weight"``, the paper's "lambda and w
+(``per="feature"``, hypertorch), or one per weight (``per="weight"``, Appendix C's "lambda and w
 have the same size"). ``lambda0 = 0``.
 """
 
@@ -143,6 +145,32 @@ def l2_hpo_logistic(
     """
     fn = "l2_hpo_logistic"
     M.check_choice(form, "form", fn, ("xy2", "exp"))
+    Xtr, btr, Xv, bv, test = _check_logistic_data(X_train, y_train, X_val, y_val, X_test, y_test)
+    if not (isinstance(newton_steps, int) and newton_steps >= 1):
+        raise ValueError(f"{fn}(newton_steps=...) must be an int >= 1, got {newton_steps!r}.")
+    n, d = Xtr.shape
+    dtype = M.float_dtype()
+    x_set = _positive_box(x_min, x_max) if form == "xy2" else None
+    x0 = _start_vector(x0, "x0", 0.1 if form == "xy2" else 0.0, d, dtype)
+    y0 = _start_vector(y0, "y0", 0.0, d, dtype)
+    inner, outer = _logistic_levels(form)
+    return BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=x0,
+        y0=y0,
+        outer_data={"X": Xv, "b": bv},
+        inner_data={"X": Xtr, "b": btr},
+        x_set=x_set,
+        metrics=_logistic_metrics(inner, (Xtr, btr), (Xv, bv), test, newton_steps, dtype),
+        name=f"l2_hpo_logistic(n={n}, d={d}, form={form})",
+    )
+
+
+def _check_logistic_data(X_train, y_train, X_val, y_val, X_test, y_test):
+    """The checked ``(X_train, b_train, X_val, b_val, test)``, ``test`` a pair of jax arrays
+    or ``None``."""
+    fn = "l2_hpo_logistic"
     Xtr = M.check_features(X_train, "X_train", fn)
     n, d = Xtr.shape
     btr = _check_pm1(y_train, "y_train", fn, n)
@@ -161,46 +189,57 @@ def l2_hpo_logistic(
         if Xt.shape[1] != d:
             raise ValueError(f"{fn}(X_test=...) has {Xt.shape[1]} features but X_train has {d}.")
         test = (jnp.asarray(Xt), jnp.asarray(_check_pm1(y_test, "y_test", fn, Xt.shape[0])))
-    if not (isinstance(newton_steps, int) and newton_steps >= 1):
-        raise ValueError(f"{fn}(newton_steps=...) must be an int >= 1, got {newton_steps!r}.")
-    dtype = M.float_dtype()
+    return Xtr, btr, Xv, bv, test
 
-    x_set = None
-    if form == "xy2":
-        upper = np.inf if x_max is None else float(x_max)
-        if not (float(x_min) > 0 and float(x_min) <= upper):
-            raise ValueError(
-                f"{fn}(x_min=...) must satisfy 0 < x_min <= x_max (strong convexity of g needs "
-                f"x > 0), got x_min={x_min!r}, x_max={x_max!r}."
-            )
-        x_set = sets.Box(lower=float(x_min), upper=upper)
 
-    def _vec(v, arg, default):
-        if v is None:
-            return jnp.full((d,), default, dtype)
-        a = np.asarray(v)
-        if a.shape != (d,):
-            raise ValueError(f"{fn}({arg}=...) must have shape ({d},), got {a.shape}.")
-        return jnp.asarray(a, dtype)
+def _positive_box(x_min, x_max) -> sets.Box:
+    """``Box(x_min, x_max)`` inside ``x > 0``, where g is strongly convex (``x_max=None``:
+    no upper bound)."""
+    upper = np.inf if x_max is None else float(x_max)
+    if not (float(x_min) > 0 and float(x_min) <= upper):
+        raise ValueError(
+            f"l2_hpo_logistic(x_min=...) must satisfy 0 < x_min <= x_max (strong convexity of g "
+            f"needs x > 0), got x_min={x_min!r}, x_max={x_max!r}."
+        )
+    return sets.Box(lower=float(x_min), upper=upper)
 
-    x0 = _vec(x0, "x0", 0.1 if form == "xy2" else 0.0)
-    y0 = _vec(y0, "y0", 0.0)
 
-    def loss(y, batch):
-        return jnp.mean(M.logistic_loss(batch["b"] * (batch["X"] @ y)))
+def _start_vector(v, arg: str, default: float, d: int, dtype):
+    """A start of shape ``(d,)``: ``v``, or ``default`` everywhere when ``v`` is None."""
+    if v is None:
+        return jnp.full((d,), default, dtype)
+    a = np.asarray(v)
+    if a.shape != (d,):
+        raise ValueError(f"l2_hpo_logistic({arg}=...) must have shape ({d},), got {a.shape}.")
+    return jnp.asarray(a, dtype)
+
+
+def _logistic_loss(y, batch):
+    """The mean logistic loss of the linear model y on a batch ``{"X", "b"}``."""
+    return jnp.mean(M.logistic_loss(batch["b"] * (batch["X"] @ y)))
+
+
+def _logistic_levels(form: str):
+    """``(inner, outer)`` of eq. (32): the training loss plus R(x, y), the validation loss."""
 
     def reg(x, y):
         coef = x if form == "xy2" else jnp.exp(x)
         return jnp.sum(coef * y**2)
 
     def inner(x, y, batch):
-        return loss(y, batch) + reg(x, y)
+        return _logistic_loss(y, batch) + reg(x, y)
 
     def outer(x, y, batch):
-        return loss(y, batch)
+        return _logistic_loss(y, batch)
 
-    train = {"X": jnp.asarray(Xtr), "b": jnp.asarray(btr)}
-    val = {"X": jnp.asarray(Xv), "b": jnp.asarray(bv)}
+    return inner, outer
+
+
+def _logistic_metrics(inner, train, val, test, newton_steps: int, dtype):
+    """The metrics of :func:`l2_hpo_logistic`: at y, and at ``y*(x)`` by damped Newton on the
+    full training data (warm-started at y)."""
+    train = {"X": jnp.asarray(train[0]), "b": jnp.asarray(train[1])}
+    val = {"X": jnp.asarray(val[0]), "b": jnp.asarray(val[1])}
 
     def acc(y, data):
         pred = jnp.where(data["X"] @ y >= 0, 1.0, -1.0)  # ties (e.g. y = 0) predict +1
@@ -209,28 +248,18 @@ def l2_hpo_logistic(
     def metrics(x, y):
         y_star = newton_solve(lambda yy: inner(x, yy, train), y, steps=newton_steps)
         out = {
-            "val_loss": loss(y, val),
+            "val_loss": _logistic_loss(y, val),
             "val_acc": acc(y, val),
-            "F": loss(y_star, val),
+            "F": _logistic_loss(y_star, val),
             "y_err": jnp.linalg.norm(y - y_star),
         }
         if test is not None:
             tdata = {"X": test[0], "b": test[1]}
-            out["test_loss"] = loss(y, tdata)
+            out["test_loss"] = _logistic_loss(y, tdata)
             out["test_acc"] = acc(y, tdata)
         return out
 
-    return BilevelProblem(
-        outer=outer,
-        inner=inner,
-        x0=x0,
-        y0=y0,
-        outer_data={"X": Xv, "b": bv},
-        inner_data={"X": Xtr, "b": btr},
-        x_set=x_set,
-        metrics=metrics,
-        name=f"l2_hpo_logistic(n={n}, d={d}, form={form})",
-    )
+    return metrics
 
 
 # ---- PZOBO E5 --------------------------------------------------------------------------------

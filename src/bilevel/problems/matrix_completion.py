@@ -2,7 +2,7 @@ r"""Matrix completion with denoising on a nuclear-norm ball (IBCG paper, eq. (2)
 
 Abolfazli, Jiang, Mokhtari, Yazdandoost Hamedani, "An Inexact Conditional Gradient Method for
 Constrained Bilevel Optimization" (preprint; the stored text names no venue or year), eq. (2),
-Sec. 5.2 and App. G.3; spec ``shared/specs/ibcg.md`` section 3.2 and pitfalls 9-11::
+Sec. 5.2 and App. G.3::
 
     min_{||X||_* <= alpha}  f(X, Y) = c_1 sum_{(i,j) in Omega_1} (X_ij - Y_ij)^2
     s.t.  Y = argmin_V  g(X, V) = c_2 sum_{(i,j) in Omega_2} (V_ij - M_ij)^2
@@ -18,9 +18,9 @@ n^2 entries in both. The lower-level Hessian is diagonal,
 ``L_g = 0.15 + 2/|Omega_2| ~ 0.15004`` (kappa 1.5) for ``"mean"``, ``L_g = 2.15`` (kappa 21.5)
 for ``"sum"``. In the mean form the data term weighs ``~2e-5`` per entry against the
 regulariser's ``~0.05``: ``Y*(X)`` is a shrinkage of X that all but ignores M, and the upper
-level drifts toward X = 0 (normalized error ~1; spec pitfall 9 and section 7). The issue's
-"Done means" therefore runs the summed form, the default here; the mean form is kept to report
-what the literal problem does.
+level drifts toward X = 0 (normalized error ~1, measured here; the paper prints no number for
+Fig. 2 to compare with). The issue's "Done means" therefore runs the summed form, the default
+here; the mean form is kept to report what the literal problem does.
 
 **Data** (Sec. 5.2 / App. G.3, "aligned with" Mokhtari, Hassani, Karbasi, JMLR 2020):
 ``X_hat = W W^T`` with ``W`` an ``n x r`` standard normal matrix; ``M = X_hat + E`` with
@@ -29,7 +29,7 @@ independently with probability ``p_observed``; radius ``alpha = ||X_hat||_*`` (a
 radius, as in the paper). Defaults: ``n = 250, r = 10, noise = 0.5, p = 0.8,
 lambda_1 = lambda_2 = 0.05, delta = 0.9``.
 
-Where the paper is silent (each is a documented choice, spec section 6):
+Where the paper is silent (each is a documented choice of ours):
 
 * ``Omega_1`` and ``Omega_2`` versus the observed set ``Omega``: both equal ``Omega`` by
   default; ``split=s`` puts each observed entry in ``Omega_1`` with probability ``s`` and
@@ -47,7 +47,7 @@ coupling are deterministic and enter every estimate whole. Full data gives the s
 
 **Metrics** (Fig. 2): ``normalized_error``, the paper's
 ``sum_{Omega} (X_ij - X_hat_ij)^2 / sum_{Omega} X_hat_ij^2`` over the observed set against the
-clean ``X_hat`` (spec pitfall 10; a ratio of squares, not of norms); ``normalized_error_all``,
+clean ``X_hat`` (not against M, and a ratio of squares, not of norms); ``normalized_error_all``,
 the same over all n^2 entries (what completion is about); ``inner_grad_norm``,
 ``||grad_V g(X, Y)||_F`` on the full data (Fig. 2's lower-level panel; the default metric
 of that name is then not computed twice).

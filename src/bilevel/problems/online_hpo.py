@@ -2,7 +2,7 @@ r"""Online hyperparameter optimisation: per-feature L2 weights of a softmax clas
 on a stream of minibatches whose training labels get noisier (F2OBO's Experiment 2).
 
 Jia & Chen, "Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization",
-arXiv:2602.11665, Sec. 6.2 (spec ``shared/specs/f2obo.md`` section 3.2). Round t (from 1)::
+arXiv:2602.11665, Sec. 6.2 and Appendix A. Round t (from 1)::
 
     g_t(lam, theta) = (1/B) sum_{(a, b) in D_t^tr} CE(theta^T a, b)
                       + 1/2 sum_i lam_i ||theta_i||^2 + ridge/2 ||theta||^2      (inner)
@@ -15,17 +15,17 @@ Lambda = [0, 0.1]^d1) and CE the softmax cross-entropy. ``ridge`` is a small fix
 convex but not strongly convex in theta_i, and every method here assumes g_t strongly convex
 (mu_g >= ridge); it is the same for every method and every x.
 
-**The stream.** Round t brings one training batch D_t^tr of ``batch_size`` samples and one
-clean validation batch D_t^val of ``val_batch_size`` (the paper: "at every step each algorithm
-receives a data batch of size 256"), drawn uniformly with replacement from their pools; each
-training label is flipped, with probability p(t), to a uniformly random *other* class. p(t) is
-0 before the first switch and then the levels of ``noise`` in turn: the paper injects 5%, 10%
+**The stream.** Round t brings one training batch D_t^tr of ``batch_size`` samples and one clean
+validation batch D_t^val of ``val_batch_size`` (Appendix A: "each algorithm receives a dataset
+with batch size 256 at every time step"), drawn uniformly with replacement from their pools;
+each training label is flipped, with probability p(t), to a uniformly random *other* class. p(t)
+is 0 before the first switch and then the levels of ``noise`` in turn: the paper injects 5%, 10%
 and 15% label noise "at iterations 2,500, 5,000 and 7,500" of 10,000, read here as switches at
-25/50/75% of the horizon with the level *replaced* at each switch, not added (the spec's
-[inferred] reading; the paper does not say how the noise is injected). The stream is drawn
-once per ``seed`` and held as per-round data (``bl.OnlineProblem``'s ``(rounds, samples)``
-leaves): sample indices into the pools and the labels as received, ``4 * (B + B_val) * 2``
-bytes per round, so every method played on the same seed sees the same batches and flips.
+25/50/75% of the horizon with the level *replaced* at each switch, not added (our reading; the
+paper does not say how the noise is injected). The stream is drawn once per ``seed`` and held as
+per-round data (``bl.OnlineProblem``'s ``(rounds, samples)`` leaves): sample indices into the
+pools and the labels as received, ``4 * (B + B_val) * 2`` bytes per round, so every method
+played on the same seed sees the same batches and flips.
 A solver with ``batch_size=None`` uses the whole round batch in each of its draws.
 
 :class:`OnlineHPOStream` holds the pools and the level functions; its :meth:`problem(seed)`

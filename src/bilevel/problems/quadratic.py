@@ -11,8 +11,10 @@ Upper level::
     grad F(x) = (A^{-1} B - D)^T (M x + r) + rho x,   M = A^{-1} B - D,  r = A^{-1} b - e
     x*        = -(M^T M + rho I)^{-1} M^T r
 
-(spec f2sa.md section 5.2; the ``c_x`` term does not change y* or F, but makes grad_x g non-zero,
-so a solver that forgets the partial x-gradient of g is caught.)
+(a test family of ours, built so that every quantity of Kwon, Kwon, Wright, Nowak, ICML 2023,
+Sec. 3 has a closed form: y*, F, the penalised minimiser y*_lam of eq. (2) and grad L*_lam of
+Lemma 3.1. The ``c_x`` term does not change y* or F, but makes grad_x g non-zero, so a solver
+that forgets the partial x-gradient of g is caught.)
 
 The stochastic (finite-sum) version draws per-sample data whose averages are exactly A, B, b, e:
 ``g_i = 1/2 y^T A0 y + 1/2 (w_i^T y)^2 - y^T (B0 x + w_i v_i^T x + b_i) + 1/2 c_x ||x||^2`` with
@@ -93,15 +95,15 @@ class QuadraticReference:
         M, _ = self._M_r()
         return M.T @ M + self.rho * np.eye(self.dx)
 
-    # ---- F2SA's penalty surrogate (spec f2sa.md section 5.2) ------------------------------
+    # ---- F2SA's penalty surrogate L*_lam (Kwon et al., ICML 2023, Sec. 3) -----------------
     def y_star_penalty(self, x, lam: float):
-        """argmin_y f + lam g = (I + lam A)^{-1} (D x + e + lam (B x + b))."""
+        """y*_lam(x) = argmin_y f + lam g = (I + lam A)^{-1} (D x + e + lam (B x + b)) (eq. (2))."""
         x = np.asarray(x, np.float64)
         rhs = self.D @ x + self.e + lam * (self.B @ x + self.b)
         return np.linalg.solve(np.eye(self.dy) + lam * self.A, rhs)
 
     def grad_penalty(self, x, lam: float):
-        """grad L*_lam(x) = -D^T (y_lam - D x - e) + rho x + lam B^T (y* - y_lam)."""
+        """grad L*_lam(x) = -D^T (y_lam - D x - e) + rho x + lam B^T (y* - y_lam) (Lemma 3.1)."""
         x = np.asarray(x, np.float64)
         y_lam = self.y_star_penalty(x, lam)
         return (
@@ -156,12 +158,53 @@ def quadratic(
         and whose ``metrics`` report ``grad_norm`` (||grad F(x)||), ``x_err`` (||x - x*||),
         ``y_err`` (||y - y*(x)||) and ``F_gap`` (F(x) - F(x*)), all exact.
     """
+    _check_sizes(dx, dy, cond)
+    rng = np.random.default_rng(seed)
+    A, B, D, b, e = _mean_matrices(rng, dx, dy, cond, coupling)
+    dtype = jnp.result_type(float)
+    outer_data = inner_data = samples = None
+    if stochastic:
+        samples = _finite_sum(rng, A, B, b, e, int(n_samples), noise, cond, coupling)
+        inner_data, outer_data = samples.data(dtype)
+    inner_flat, outer_flat = _flat_levels(A, B, b, D, e, samples, rho, c_x, dtype)
+    x0, y0 = _starts(dx, dy, pytree, dtype)
+    _, unravel_x = ravel_pytree(x0)
+    _, unravel_y = ravel_pytree(y0)
+    ref = QuadraticReference(
+        A=A, B=B, b=b, D=D, e=e, rho=rho, c_x=c_x, unravel_x=unravel_x, unravel_y=unravel_y
+    )
+
+    def outer(x, y, batch):
+        return outer_flat(_flat(x), _flat(y), batch)
+
+    def inner(x, y, batch):
+        return inner_flat(_flat(x), _flat(y), batch)
+
+    name = f"quadratic(dx={dx}, dy={dy}, cond={cond}{', stochastic' if stochastic else ''})"
+    return BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=x0,
+        y0=y0,
+        outer_data=outer_data,
+        inner_data=inner_data,
+        metrics=_exact_metrics(ref, dtype),
+        name=name,
+        reference=ref,
+    )
+
+
+def _check_sizes(dx, dy, cond) -> None:
     for name, v in (("dx", dx), ("dy", dy)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"quadratic({name}=...) must be a positive int, got {v!r}.")
     if not cond >= 1:
         raise ValueError(f"quadratic(cond=...) must be >= 1, got {cond}.")
-    rng = np.random.default_rng(seed)
+
+
+def _mean_matrices(rng: np.random.Generator, dx: int, dy: int, cond: float, coupling: float):
+    """``(A, B, D, b, e)`` of the mean problem, drawn in this order from ``rng``: A with
+    eigenvalues evenly spaced in [1, cond] in a random orthonormal basis."""
     Q = _orthogonal(rng, dy)
     A = (Q * np.linspace(1.0, cond, dy)) @ Q.T
     A = 0.5 * (A + A.T)
@@ -169,28 +212,50 @@ def quadratic(
     D = rng.standard_normal((dy, dx)) / np.sqrt(dx)
     b = rng.standard_normal(dy)
     e = rng.standard_normal(dy)
+    return A, B, D, b, e
 
-    dtype = jnp.result_type(float)
-    outer_data = inner_data = None
-    if stochastic:
-        n = int(n_samples)
-        # Rank-one Hessian noise w_i w_i^T with ||w_i||^2 ~ noise * cond, its mean kept <= mu/2
-        # so that A0 = A - W stays positive definite and every sample g_i is strongly convex.
-        w = rng.standard_normal((n, dy)) * np.sqrt(noise * cond / dy)
-        W = w.T @ w / n
-        scale = min(1.0, 0.5 / max(np.linalg.eigvalsh(W)[-1], 1e-12))
-        w *= np.sqrt(scale)
-        W = w.T @ w / n
-        v = rng.standard_normal((n, dx)) * coupling / np.sqrt(dx)
-        bi = rng.standard_normal((n, dy)) * noise
-        bi += b - bi.mean(0)  # exact mean b
-        ej = rng.standard_normal((n, dy)) * noise
-        ej += e - ej.mean(0)
-        A0 = A - W
-        B0 = B - w.T @ v / n
-        inner_data = {"w": w.astype(dtype), "v": v.astype(dtype), "b": bi.astype(dtype)}
-        outer_data = {"e": ej.astype(dtype)}
-        A0j, B0j = jnp.asarray(A0, dtype), jnp.asarray(B0, dtype)
+
+@dataclasses.dataclass(frozen=True)
+class _FiniteSum:
+    """The per-sample data of the stochastic version (module docstring) and the deterministic
+    parts ``A0 = A - mean_i w_i w_i^T`` and ``B0 = B - mean_i w_i v_i^T`` of each sample."""
+
+    w: np.ndarray  # (n, dy)
+    v: np.ndarray  # (n, dx)
+    b: np.ndarray  # (n, dy), mean exactly b
+    e: np.ndarray  # (n, dy), mean exactly e
+    A0: np.ndarray
+    B0: np.ndarray
+
+    def data(self, dtype) -> tuple[dict, dict]:
+        """``(inner_data, outer_data)`` in ``dtype``."""
+        inner = {"w": self.w.astype(dtype), "v": self.v.astype(dtype), "b": self.b.astype(dtype)}
+        return inner, {"e": self.e.astype(dtype)}
+
+
+def _finite_sum(rng, A, B, b, e, n: int, noise: float, cond: float, coupling: float):
+    """Per-sample data whose averages are exactly A, B, b, e (drawn after the mean matrices)."""
+    dy, dx = B.shape
+    # Rank-one Hessian noise w_i w_i^T with ||w_i||^2 ~ noise * cond, its mean kept <= mu/2
+    # so that A0 = A - W stays positive definite and every sample g_i is strongly convex.
+    w = rng.standard_normal((n, dy)) * np.sqrt(noise * cond / dy)
+    W = w.T @ w / n
+    scale = min(1.0, 0.5 / max(np.linalg.eigvalsh(W)[-1], 1e-12))
+    w *= np.sqrt(scale)
+    W = w.T @ w / n
+    v = rng.standard_normal((n, dx)) * coupling / np.sqrt(dx)
+    bi = rng.standard_normal((n, dy)) * noise
+    bi += b - bi.mean(0)  # exact mean b
+    ej = rng.standard_normal((n, dy)) * noise
+    ej += e - ej.mean(0)
+    return _FiniteSum(w=w, v=v, b=bi, e=ej, A0=A - W, B0=B - w.T @ v / n)
+
+
+def _flat_levels(A, B, b, D, e, samples: _FiniteSum | None, rho, c_x, dtype):
+    """``(inner_flat, outer_flat)``: g and f on flat x, y; a batch (stochastic version) gives
+    the sample means of the module docstring's g_i and f_j, ``None`` the mean problem."""
+    if samples is not None:
+        A0j, B0j = jnp.asarray(samples.A0, dtype), jnp.asarray(samples.B0, dtype)
     Aj, Bj, bj, Dj, ej_ = (jnp.asarray(m, dtype) for m in (A, B, b, D, e))
 
     def inner_flat(x, y, batch):
@@ -205,6 +270,11 @@ def quadratic(
         e_mean = ej_ if batch is None else jnp.mean(batch["e"], axis=0)
         return 0.5 * jnp.sum((y - Dj @ x - e_mean) ** 2) + 0.5 * rho * jnp.sum(x**2)
 
+    return inner_flat, outer_flat
+
+
+def _starts(dx: int, dy: int, pytree: bool, dtype):
+    """Zero starts: flat arrays, or nested dicts holding the same entries."""
     x0, y0 = np.zeros(dx), np.zeros(dy)
     if pytree:
         hx, hy = dx // 2, dy // 2
@@ -212,30 +282,24 @@ def quadratic(
         y0 = {"u": np.zeros(hy), "v": {"w": np.zeros(dy - hy)}}
     x0 = jax.tree.map(lambda a: jnp.asarray(a, dtype), x0)
     y0 = jax.tree.map(lambda a: jnp.asarray(a, dtype), y0)
-    _, unravel_x = ravel_pytree(x0)
-    _, unravel_y = ravel_pytree(y0)
-    ref = QuadraticReference(
-        A=A, B=B, b=b, D=D, e=e, rho=rho, c_x=c_x, unravel_x=unravel_x, unravel_y=unravel_y
-    )
+    return x0, y0
 
-    def flat(t):
-        return ravel_pytree(t)[0]
 
-    def outer(x, y, batch):
-        return outer_flat(flat(x), flat(y), batch)
+def _flat(tree):
+    return ravel_pytree(tree)[0]
 
-    def inner(x, y, batch):
-        return inner_flat(flat(x), flat(y), batch)
 
-    # exact metrics, jit-able: solve with the float64 closed form folded into matrices
+def _exact_metrics(ref: QuadraticReference, dtype):
+    """Exact metrics, jit-able: the float64 closed forms folded into matrices once."""
     M, r = ref._M_r()
     Mj, rj = jnp.asarray(M, dtype), jnp.asarray(r, dtype)
-    AinvB, Ainvb = (jnp.asarray(np.linalg.solve(A, m), dtype) for m in (B, b))
+    AinvB, Ainvb = (jnp.asarray(np.linalg.solve(ref.A, m), dtype) for m in (ref.B, ref.b))
     xs = jnp.asarray(ref.x_star, dtype)
     F_star = ref.F(ref.x_star)
+    rho = ref.rho
 
     def metrics(x, y):
-        xf, yf = flat(x), flat(y)
+        xf, yf = _flat(x), _flat(y)
         res = Mj @ xf + rj
         grad = Mj.T @ res + rho * xf
         F = 0.5 * jnp.sum(res**2) + 0.5 * rho * jnp.sum(xf**2)
@@ -246,15 +310,4 @@ def quadratic(
             "F_gap": F - F_star,
         }
 
-    name = f"quadratic(dx={dx}, dy={dy}, cond={cond}{', stochastic' if stochastic else ''})"
-    return BilevelProblem(
-        outer=outer,
-        inner=inner,
-        x0=x0,
-        y0=y0,
-        outer_data=outer_data,
-        inner_data=inner_data,
-        metrics=metrics,
-        name=name,
-        reference=ref,
-    )
+    return metrics
