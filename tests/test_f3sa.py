@@ -177,7 +177,7 @@ def test_constant_regime_is_section_4_4(quad):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_momentum_evaluates_the_same_sample_at_both_points(shared):
-    """Rebuilds each step's minibatches with ``bilevel.core.sampling.minibatches`` and recomputes all
+    """Rebuilds each step's minibatches with ``sampling.minibatches`` and recomputes all
     six estimators: each one's sample is used at the current AND the previous point; h_gxy and
     h_gxz share phi_x (Appendix C) unless ``shared_x_sample=False``. Four steps, so that
     eta_2, eta_3 < 1 and the recursion is live. rtol 1e-12: the same float64 operations."""

@@ -1,4 +1,4 @@
-"""Data parallelism: ``bl.solve(devices=k)`` / ``mesh=`` (bilevel.core.sharding, docs/distributed.md).
+"""Data parallelism: ``bl.solve(devices=k)`` / ``mesh=`` (core/sharding.py, docs/distributed.md).
 
 A sharded run splits every minibatch over the devices and lets XLA all-reduce the batch means,
 so it must reproduce the one-device run up to floating-point summation order. Several devices

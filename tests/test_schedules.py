@@ -1,4 +1,4 @@
-"""One step-size dialect: :func:`bilevel.core.schedules.step_size` on floats, on the papers' regimes,
+"""One step-size dialect: :func:`bl.schedules.step_size` on floats, on the papers' regimes,
 on Python and optax schedules (under jit, with the int32 count), and end to end in solvers."""
 
 import jax

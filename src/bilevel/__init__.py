@@ -46,6 +46,7 @@ def __getattr__(name: str):
         return bilevel.meta
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
 
 __all__ = [
