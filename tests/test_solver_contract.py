@@ -72,7 +72,9 @@ def test_solver_is_a_jit_argument_and_new_step_sizes_reuse_the_program(name, pro
 @pytest.mark.parametrize("name", [n for n in NAMES if bl.solvers.get(n)().lr_inner == "auto"])
 def test_unresolved_solver_is_refused_with_a_clear_message(name, problem):
     problem = problem_for(name, problem)
-    solver = _make(name).with_horizon(100)  # as bl.solve does (IBCG's gamma needs K)
+    # lr_outer given: an "auto" lr_outer is tuned by bl.solve (tests/test_tuning.py)
+    lr_outer = {} if bl.solvers.get(name).tuned_step_sizes == () else {"lr_outer": 0.01}
+    solver = _make(name, **lr_outer).with_horizon(100)  # as bl.solve does (IBCG needs K)
     message = r"lr_inner='auto'.* not resolved: call solver = solver\.resolve\(problem\)"
     with pytest.raises(ValueError, match=message):
         solver.init(problem, jax.random.key(0))
@@ -105,7 +107,7 @@ def test_leaves_are_the_numeric_hyperparameters():
     transformed = bl.solvers.make(
         "pzobo", lr_inner=0.1, inner_optimizer=optax.trace(decay=0.9), outer_optimizer="adam"
     )
-    assert jax.tree.leaves(transformed) == [0.01, 0.1, 0.01]  # lr_outer, lr_inner, smoothing
+    assert jax.tree.leaves(transformed) == [0.1, 0.01]  # lr_inner, smoothing ("auto" is static)
     # while a tuple of floats (no solver has one now) is numeric: one leaf per float
     (betas,) = dataclasses.fields(dataclasses.make_dataclass("Betas", [("betas", tuple)]))
     assert _is_leaf(betas, (0.9, 0.999)) and not _is_leaf(betas, optax.trace(decay=0.9))

@@ -29,6 +29,7 @@ from bilevel.drivers.online import OnlineResult, solve_online
 from bilevel.drivers.results import DivergenceError, DivergenceWarning, Interrupted, Result
 from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import sweep
+from bilevel.drivers.tuning import Tuning, TuningError, tune
 
 # The public modules keep their import paths (``import bilevel.sets``, ``from bilevel.metrics
 # import hypergradient``): they live in their layers (core/, analysis/) and are published here.
@@ -58,6 +59,9 @@ __all__ = [
     "OnlineResult",
     "ProblemKindError",
     "sweep",
+    "tune",
+    "Tuning",
+    "TuningError",
     "Result",
     "DivergenceWarning",
     "DivergenceError",

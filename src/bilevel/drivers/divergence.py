@@ -1,23 +1,88 @@
 """The divergence rules of the drivers: when a seed is diverged, and what it keeps.
 
-A seed is diverged when its state or metrics stop being finite (the evaluation program says so)
-or when its headline metric explodes (:func:`exploded`). A diverged seed stops adding history
-rows and keeps its last finite state (:func:`keep_good`); the other seeds run on.
+A seed is diverged when
+
+- its state or metrics stop being finite (the evaluation program says so, :class:`Health`);
+- its headline metric explodes (:func:`exploded`);
+- its iterates explode (:func:`grown`): ||x|| or ||y|| beyond ``EXPLOSION_FACTOR`` x its start
+  norm (and 1), whatever the metrics say -- a run whose gradient vanished at |x| ~ 4e40 reported
+  a tiny ``grad_norm`` and "completed".
+
+A diverged seed stops adding history rows and keeps its last finite state (:func:`keep_good`);
+the other seeds run on. Why it diverged is one of :data:`REASONS`, kept per seed by the history.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bilevel.core.tree import tree_norm, tree_scale
 from bilevel.drivers.grid import grid_axes
 from bilevel.drivers.progress import HEADLINE
 
-__all__ = ["EXPLOSION_FACTOR", "exploded", "keep_good"]
+__all__ = [
+    "EXPLOSION_FACTOR",
+    "NON_FINITE",
+    "HEADLINE_EXPLODED",
+    "ITERATES_GREW",
+    "REASONS",
+    "Health",
+    "iterate_norms",
+    "exploded",
+    "grown",
+    "keep_good",
+]
 
-#: a run whose headline metric grows beyond this factor of its start (and of 1) is diverged
+#: a run whose headline metric or iterate norm grows beyond this factor of its start (and of 1)
+#: is diverged
 EXPLOSION_FACTOR = 1e12
+
+#: why a seed diverged, as the run's message says it
+NON_FINITE = "non-finite iterates or metrics (NaN/inf)"
+HEADLINE_EXPLODED = f"its headline metric grew beyond {EXPLOSION_FACTOR:.0e} x its start"
+ITERATES_GREW = (
+    f"its iterates (||x|| or ||y||) grew beyond {EXPLOSION_FACTOR:.0e} x their start norm"
+)
+REASONS = (NON_FINITE, HEADLINE_EXPLODED, ITERATES_GREW)
+
+
+class Health(NamedTuple):
+    """What the ``"eval"`` program says about a state besides its metrics and counters.
+
+    A pytree, so a sweep's grid axis and a seed axis come with every field, and
+    ``History.record`` takes it where a plain finiteness array also does (``bl.solve_online``
+    passes one: its rounds are evaluated by a program of their own).
+
+    Attributes:
+        finite: whether every float leaf of the state and every metric is finite.
+        norms: ``(||x||, ||y||)`` of the solver's output (:func:`iterate_norms`); the first
+            evaluation's are the start norms :func:`grown` compares with.
+    """
+
+    finite: Any
+    norms: Any
+
+
+def _norm(tree) -> jax.Array:
+    """||tree||, scaled by its largest entry first: the plain sum of squares overflows at
+    ||x|| ~ 1.8e19 in float32, which would call a model that merely started large diverged."""
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.zeros(())
+    top = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0) for leaf in leaves]))
+    scale = jnp.where(top > 0, top, 1)  # inf/NaN pass through: the finiteness check has them
+    return scale * tree_norm(tree_scale(1 / scale, tree))
+
+
+def iterate_norms(x, y) -> jax.Array:
+    """``[||x||, ||y||]`` (traced, inside the ``"eval"`` program)."""
+    nx, ny = _norm(x), _norm(y)
+    dtype = jnp.result_type(nx, ny)
+    return jnp.stack([nx.astype(dtype), ny.astype(dtype)])
 
 
 def exploded(metrics: dict, step: int, seeds: list, rows: list[dict]) -> np.ndarray:
@@ -39,6 +104,19 @@ def exploded(metrics: dict, step: int, seeds: list, rows: list[dict]) -> np.ndar
             start.setdefault(r["seed"], r[name])
     base = np.array([abs(start.get(s, np.inf)) for s in seeds])
     return np.abs(values) > EXPLOSION_FACTOR * np.maximum(base, 1.0)
+
+
+def grown(norms, start) -> np.ndarray:
+    """Seeds whose ||x|| or ||y|| is beyond ``EXPLOSION_FACTOR`` x max(its start norm, 1).
+
+    ``norms`` and ``start`` are ``(seeds, 2)`` arrays of :func:`iterate_norms`. The floor of 1
+    keeps a start at 0 (y0 = 0 is common) from counting any step away from it as growth;
+    iterates that start large (a model's weights) are measured against their own scale. A
+    metric can say nothing is wrong while the iterates run away (a vanished or saturated
+    gradient), so this rule reads the iterates themselves.
+    """
+    norms, start = np.asarray(norms, float), np.asarray(start, float)
+    return (norms > EXPLOSION_FACTOR * np.maximum(start, 1.0)).any(axis=-1)
 
 
 def keep_good(new_state, old_state, alive: np.ndarray):

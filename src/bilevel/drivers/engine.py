@@ -44,7 +44,11 @@ from bilevel.drivers.results import Result, drop_seed_axis
 from bilevel.drivers.signals import StopRequested, StopSignals
 from bilevel.solvers.base import Solver
 
-__all__ = ["Chunk", "Engine", "Schedule"]
+__all__ = ["Chunk", "Engine", "Schedule", "ADAPT_EVERY"]
+
+#: a solver that follows the run (``Engine(adapt=...)``) is adapted at least every this many
+#: steps, between evaluations too
+ADAPT_EVERY = 25
 
 
 class Schedule(NamedTuple):
@@ -86,6 +90,10 @@ class Engine:
             ``None``: none of them.
         checkpointer: where checkpoints go (``None``: none).
         resume: the checkpoint the run takes up from (``None``: a fresh start).
+        adapt: ``adapt(problem, solver, state) -> solver``, called after every chunk (and by
+            :meth:`adapt_to`): the solver's numeric hyperparameters may follow the run
+            (``bl.solve``'s ``"auto"`` inner steps, :mod:`bilevel.drivers.curvature`); the
+            same structure, so nothing is recompiled. ``None``: the solver stays as given.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class Engine:
         settings: programs.ProgramSettings | None = None,
         checkpointer: Checkpointer | None = None,
         resume: Resume | None = None,
+        adapt=None,
     ):
         self.problem = problem
         self.solver = solver
@@ -111,6 +120,7 @@ class Engine:
         self.done = 0 if resume is None else resume.step
         self.seconds = 0.0 if resume is None else resume.seconds
         self.diverged_at: dict[Any, int] = {}  # seed -> step (round) by which it diverged
+        self.adapt = adapt
 
     # ---- hooks ---------------------------------------------------------------------------
     def step_program(self, state, length: int):
@@ -152,6 +162,11 @@ class Engine:
         metrics, counts, finite = jax.device_get(evaluate(self.problem, state))
         return self.history.record(metrics, counts, finite, step, self.seconds)
 
+    def adapt_to(self, state) -> None:
+        """Let the solver's hyperparameters follow ``state`` (the ``adapt`` argument)."""
+        if self.adapt is not None:
+            self.solver = self.adapt(self.problem, self.solver, state)
+
     def out_of_time(self) -> bool:
         limit = self.schedule.time_limit
         return limit is not None and self.seconds >= limit
@@ -182,9 +197,8 @@ class Engine:
 
     def _chunk(self, state, stop: StopSignals):
         length = min(self.schedule.every, self.schedule.steps - self.done)
-        program = self.step_program(state, length)
         t0 = time.perf_counter()
-        output = jax.block_until_ready(program(self.problem, state))
+        output = self._run_pieces(state, length)
         elapsed = time.perf_counter() - t0
         with stop.bookkeeping():
             chunk = Chunk(self.done, length, self.seconds, elapsed)
@@ -196,9 +210,25 @@ class Engine:
                 self.diverged_at[self.history.seeds[i]] = self.done
             alive &= finite
             state = self.place(keep_good(new_state, state, alive))
+            self.adapt_to(state)
             self.display.update(self.done, self.history.rows)
             last = self.done >= self.schedule.steps or self.out_of_time()
             self.save(state, force=last or not alive.all())
+        return state
+
+    def _run_pieces(self, state, length: int):
+        """A chunk's output: one program of ``length`` steps, or, when the solver follows the
+        run (``adapt``), pieces of at most :data:`ADAPT_EVERY` steps with ``adapt`` between
+        them (it is part of the solver's work, so it is timed with it)."""
+        if self.adapt is None:
+            return jax.block_until_ready(self.step_program(state, length)(self.problem, state))
+        done = 0
+        while done < length:
+            piece = min(ADAPT_EVERY, length - done)
+            state = jax.block_until_ready(self.step_program(state, piece)(self.problem, state))
+            done += piece
+            if done < length:
+                self.adapt_to(state)
         return state
 
     # ---- how it ended ----------------------------------------------------------------------
@@ -229,12 +259,25 @@ class Engine:
         name, problem, unit = self.solver.name, self.problem.name, self.schedule.unit
         steps = self.schedule.steps
         if self.diverged_at or diverged:
-            detail = ", ".join(f"seed {s} by {unit} {k}" for s, k in self.diverged_at.items())
+            # why each seed diverged, where the history kept it (divergence.REASONS)
+            why = dict(zip(self.history.seeds, getattr(self.history, "reasons", ()), strict=False))
+            seen = self.diverged_at or dict.fromkeys(diverged)
+            detail = "; ".join(
+                f"seed {s}"
+                + ("" if k is None else f" by {unit} {k}")
+                + (f": {why[s]}" if why.get(s) else "")
+                for s, k in seen.items()
+            )
+            rules = (
+                ""
+                if all(why.get(s) for s in seen)
+                else f" (a seed diverges on non-finite iterates or metrics, a headline metric "
+                f"beyond {EXPLOSION_FACTOR:.0e} x its start, or iterates growing beyond "
+                f"{EXPLOSION_FACTOR:.0e} x their start norm)"
+            )
             return (
-                f"{name} diverged on {problem} ({detail or ', '.join(map(str, diverged))}): "
-                f"non-finite iterates or metrics, or a headline metric beyond "
-                f"{EXPLOSION_FACTOR:.0e} x its start. Kept the history and the last finite "
-                "iterates of those seeds; try smaller step sizes (lr_outer, lr_inner)."
+                f"{name} diverged on {problem} ({detail}){rules}. Kept the history and the "
+                "last finite iterates of those seeds; try smaller step sizes (lr_outer, lr_inner)."
             )
         if self.done < steps and self.out_of_time():
             return (

@@ -7,7 +7,8 @@ is a batch of one; :func:`over_seeds`):
 - ``"init"``: the states at step 0 from the seeds' PRNG keys (:func:`init_states`);
 - ``"chunk"``: ``length`` solver steps, :func:`bilevel.drivers.loop.iterate`
   (:func:`compile_chunk`);
-- ``"eval"``: the metrics, counters and finiteness of a state.
+- ``"eval"``: the metrics, counters and health (finiteness, iterate norms) of a state
+  (:func:`_evaluation`).
 
 ``bl.solve_online`` adds its own kinds through the ``build`` argument of :func:`program`
 (:data:`ONLINE_ROUNDS`, its chunk of rounds, and its evaluation of a chunk's trace).
@@ -35,10 +36,12 @@ import numpy as np
 
 from bilevel.analysis.metrics import default_metrics
 from bilevel.core import sharding as parallel
+from bilevel.core.compiler import jit_options
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.tree import tree_allfinite
 from bilevel.drivers import _xla_cpu
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
+from bilevel.drivers.divergence import Health, iterate_norms
 from bilevel.drivers.grid import grid_axes, over_grid
 from bilevel.drivers.loop import iterate
 from bilevel.solvers.base import Solver
@@ -136,13 +139,17 @@ def _chunk(spec: ProgramSpec) -> Callable:
 
 
 def _evaluation(spec: ProgramSpec) -> Callable:
+    """``(metrics, counts, Health(finite, norms))`` of a state. The iterate norms come out with
+    the metrics, not as history columns: the history compares them with the start's to catch
+    iterates that run away while every metric looks fine (``bilevel.drivers.divergence``)."""
+
     def evaluate(solver, problem, state):
         x, y = solver.output(state)
         metrics = default_metrics(problem, x, y)
         # what the method recorded itself (the last hypergradient estimate's norm, ...)
         metrics.update(solver.state_metrics(state))
         finite = float_leaves_finite(state) & tree_allfinite(metrics)
-        return metrics, state.counts, finite
+        return metrics, state.counts, Health(finite, iterate_norms(x, y))
 
     return evaluate
 
@@ -251,7 +258,9 @@ def _compile(spec: ProgramSpec, raw: Callable, args: tuple):
     (:mod:`bilevel.core.sharding`), a step program through the CPU rewrites."""
     if spec.over_grid:
         raw = over_grid(raw, spec.kind, *args)
-    jit_kwargs = {} if spec.mesh is None else {"out_shardings": parallel.replicated(spec.mesh)}
+    jit_kwargs = dict(jit_options())  # the miscompile guard (bilevel.core.compiler)
+    if spec.mesh is not None:
+        jit_kwargs["out_shardings"] = parallel.replicated(spec.mesh)
     with parallel.use_mesh(spec.mesh):
         if spec.kind not in STEP_KINDS:
             return jax.jit(raw, **jit_kwargs).lower(*args).compile()

@@ -78,9 +78,14 @@ class Result(Outcome):
         message: a human-readable status.
         solver, problem_name, seeds: what was run.
         steps: the steps done (fewer than asked when interrupted or stopped by a time limit).
+        tuning: what chose ``lr_outer`` when the solver had ``lr_outer="auto"`` (a
+            :class:`bilevel.drivers.tuning.Tuning`: the grid, the scores, the choice, the
+            steps, samples and seconds it took), ``None`` when every step size was given.
+            Its samples and oracle calls are included in every row of ``history``.
     """
 
     steps: int
+    tuning: Any = None
 
 
 class Interrupted(KeyboardInterrupt):

@@ -10,13 +10,15 @@ arguments of the compiled programs). The pure loop it compiles is
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
 from bilevel.core import sharding as parallel
+from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.drivers.checkpoints import Checkpointer, Resume, signature
 from bilevel.drivers.checks import (
@@ -27,11 +29,13 @@ from bilevel.drivers.checks import (
     check_time_limit,
 )
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
+from bilevel.drivers.curvature import InnerCurvature, followed_fields
 from bilevel.drivers.engine import Engine, Schedule
 from bilevel.drivers.history import History
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
+from bilevel.drivers.tuning import needs_tuning, tune
 from bilevel.solvers.base import Solver
 
 PyTree = Any
@@ -116,35 +120,74 @@ def solve(
     ckpt_dir = check_checkpoint_dir(checkpoint)
     settings = ProgramSettings(mesh=mesh, cpu_rewrites=resolve(cpu_rewrites))
     solver.check_problem(problem)
-    solver = solver.with_horizon(steps).resolve(problem)
+    solver = solver.with_horizon(steps)
+    solver, tuning = _tuned(problem, solver, steps, seed_list[0], init, settings)
     parallel.check_batch_size(getattr(solver, "batch_size", None), mesh)
     check_convexity(problem)
-
-    placed = parallel.replicate(problem, mesh)  # the data on every device of the mesh
-    state = init_states(solver, placed, seed_list, init, mesh=mesh)
-    history = History(seed_list)
-    checkpointer, batched = None, seeds is not None
-    if ckpt_dir is not None:  # the fingerprint hashes the data: not free on large problems
-        rewrites = _applied_rewrites(settings)
-        fingerprint = signature(problem, solver, seed_list, batched, every, init, rewrites)
-        checkpointer = Checkpointer(ckpt_dir, fingerprint, checkpoint_interval, batched, rewrites)
-    resume = None if checkpointer is None else checkpointer.load(state, history, steps)
-    show = progress and parallel.is_main_process()  # one progress display per run
-    display = Progress(show, steps, solver.name, problem.name, len(seed_list))
-    schedule = Schedule(steps, every, time_limit)
-    engine = Engine(
-        placed,
-        solver,
-        schedule,
-        history,
-        display,
-        settings=settings,
-        checkpointer=checkpointer,
-        resume=resume,
-    )
-    state, stopped = _run(engine, state, resume, ckpt_dir)
-    result = engine.result(state, seed_axis=batched)
+    plan = _Plan(steps, every, seed_list, seeds is not None, init, settings, mesh, ckpt_dir,
+                 checkpoint_interval, progress, time_limit)  # fmt: skip
+    result, stopped, spent = _attempt(problem, solver, tuning, plan)
+    while stopped is None and _retry(result, tuning, plan):  # a tuned step that diverged
+        tuning = tuning.retried(_smaller(tuning), spent)
+        solver = dataclasses.replace(solver, lr_outer=tuning.value)
+        result, stopped, spent = _attempt(problem, solver, tuning, plan)
+    _note_tuning(result, tuning)
     return finish(result, stopped, ckpt_dir, on_divergence)
+
+
+class _Plan(NamedTuple):
+    """How ``solve`` runs, checked: what each attempt (:func:`_attempt`) needs."""
+
+    steps: int
+    every: int
+    seeds: list[int]
+    batched: bool  # seeds= (a leading seed axis in the result)
+    init: Callable | None
+    settings: ProgramSettings
+    mesh: jax.sharding.Mesh | None
+    ckpt_dir: Any
+    interval: float
+    progress: bool
+    time_limit: float | None
+
+
+def _attempt(problem, solver: Solver, tuning, plan: _Plan):
+    """One run of ``solver`` (``lr_outer`` a number): ``(result, signal or None, counter
+    totals spent)``."""
+    template, solver = solver, solver.resolve(problem)
+    placed = parallel.replicate(problem, plan.mesh)  # the data on every device of the mesh
+    state = init_states(solver, placed, plan.seeds, plan.init, mesh=plan.mesh)
+    followed = followed_fields(template, solver)
+    adapt = InnerCurvature(solver, followed, placed, state) if followed else None
+    history = History(plan.seeds, offset=None if tuning is None else tuning.counts)
+    checkpointer = _checkpointer(problem, solver, plan)
+    resume = None if checkpointer is None else checkpointer.load(state, history, plan.steps)
+    show = plan.progress and parallel.is_main_process()  # one progress display per run
+    display = Progress(show, plan.steps, solver.name, problem.name, len(plan.seeds))
+    if tuning is not None:
+        display.note(tuning.summary())
+    schedule = Schedule(plan.steps, plan.every, plan.time_limit)
+    engine = Engine(placed, solver, schedule, history, display, settings=plan.settings,
+                    checkpointer=checkpointer, resume=resume, adapt=adapt)  # fmt: skip
+    state, stopped = _run(engine, state, resume, plan.ckpt_dir)
+    # what the seeds drew and called, diverged evaluations included (a retry counts them)
+    spent = {k: max(t[k] for t in history.totals) for k in Counts._fields}
+    return engine.result(state, seed_axis=plan.batched), stopped, spent
+
+
+#: a tuned run that diverges is run again with the next smaller candidate at most this often
+MAX_RETRIES = 2
+
+
+def _retry(result: Result, tuning, plan: _Plan) -> bool:
+    """Whether to run again with a smaller tuned step: the step was tuned, the run diverged,
+    retries are left, and there is no checkpoint (a retry would be a different run there)."""
+    return (
+        tuning is not None
+        and bool(result.diverged)
+        and len(tuning.retries) < MAX_RETRIES
+        and plan.ckpt_dir is None
+    )
 
 
 def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):
@@ -152,6 +195,7 @@ def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):
     ``(state, signal or None)``."""
     if resume is not None:
         state = engine.place(resume.state)
+        engine.adapt_to(state)  # the steps the uninterrupted run had here
         engine.display.note(f"resuming from step {resume.step:,} (checkpoint in {ckpt_dir})")
     else:
         engine.start(state)
@@ -159,6 +203,45 @@ def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):
         return engine.loop(state)
     finally:
         engine.display.close()
+
+
+def _note_tuning(result: Result, tuning) -> None:
+    """Attach the tuning to ``result``; when the run diverged, say what to lower and to what."""
+    result.tuning = tuning
+    if tuning is not None and result.diverged:
+        tried = "".join(f", then {v:.3g}" for v in tuning.retries)
+        result.message += (
+            f" lr_outer was chosen by a {tuning.steps}-step tuning run ({tuning.value:.3g}"
+            f"{tried}); give lr_outer={_smaller(tuning):.3g} (the next smaller candidate) "
+            "instead."
+        )
+
+
+def _checkpointer(problem, solver: Solver, plan: _Plan) -> Checkpointer | None:
+    """The run's :class:`Checkpointer`, or ``None`` without a checkpoint directory."""
+    if plan.ckpt_dir is None:
+        return None
+    # the fingerprint hashes the data: not free on large problems
+    rewrites = _applied_rewrites(plan.settings)
+    fingerprint = signature(
+        problem, solver, plan.seeds, plan.batched, plan.every, plan.init, rewrites
+    )
+    return Checkpointer(plan.ckpt_dir, fingerprint, plan.interval, plan.batched, rewrites)
+
+
+def _tuned(problem, solver: Solver, steps: int, seed: int, init, settings: ProgramSettings):
+    """``(solver, tuning)``: with ``lr_outer="auto"`` a short run on this problem chooses it
+    (:func:`bilevel.drivers.tuning.tune`); otherwise ``(solver, None)``."""
+    if not needs_tuning(solver):
+        return solver, None
+    tuning = tune(problem, solver, steps, seed=seed, init=init, cpu_rewrites=settings.cpu_rewrites)
+    return dataclasses.replace(solver, lr_outer=tuning.value), tuning
+
+
+def _smaller(tuning) -> float:
+    """The candidate below the chosen one (a tenth of it when it was the smallest)."""
+    below = [v for v in tuning.grid if v < tuning.value]
+    return below[-1] if below else tuning.value / 10
 
 
 def _applied_rewrites(settings: ProgramSettings) -> CpuRewrites:

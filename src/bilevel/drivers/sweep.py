@@ -33,6 +33,7 @@ from bilevel.drivers.checks import (
     check_steps,
 )
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
+from bilevel.drivers.curvature import InnerCurvature, followed_fields
 from bilevel.drivers.engine import Engine, Schedule
 from bilevel.drivers.history import History
 from bilevel.drivers.programs import ProgramSettings, init_states
@@ -187,7 +188,9 @@ def _point_solver(
             f"{type(solver).__name__}."
         )
     built.check_problem(problem)
-    built = built.with_horizon(steps).resolve(problem)
+    template = built.with_horizon(steps)
+    built = template.resolve(problem)
+    built.__dict__["_followed"] = tuple(followed_fields(template, built))  # see _run_batch
     leaves = {
         path[-1].name
         for path, _ in jax.tree_util.tree_leaves_with_path(built)
@@ -201,6 +204,12 @@ def _point_solver(
                 f"paths, so it cannot be vmapped. Loop over it instead (one bl.sweep per "
                 f"{name}, passing {name}=... as a keyword)."
             )
+    if built.untuned():
+        raise ValueError(
+            f"sweep: {type(built).__name__}(lr_outer='auto') would be tuned at every grid "
+            "point; put lr_outer in grid= or pass lr_outer=... (bl.tune(problem, solver, "
+            "steps).value is the automatic choice)."
+        )
     return built
 
 
@@ -278,21 +287,37 @@ class GridHistory:
         self.rows: list[dict] = []
 
     def record(self, metrics: dict, counts, finite, step: int, seconds: float) -> np.ndarray:
-        """Each point's rows of one evaluation, with the point's grid values in front."""
+        """Each point's rows of one evaluation, with the point's grid values in front.
+
+        ``finite`` (the ``"eval"`` program's health: finiteness and iterate norms) is picked
+        per point like the metrics, so each point's history judges its own divergence;
+        ``reasons`` then gathers why each ``(point, seed)`` diverged, in ``seeds`` order, for
+        the engine's message.
+        """
         out = []
         for i, history in enumerate(self.points):
             start = len(history.rows)
             pick = _pick(i)
-            out.append(history.record(pick(metrics), pick(counts), finite[i], step, seconds))
+            out.append(history.record(pick(metrics), pick(counts), pick(finite), step, seconds))
             new = [self.labels[i] | row for row in history.rows[start:]]
             history.rows[start:] = new
             self.rows.extend(new)
+        self.reasons = [r for history in self.points for r in history.reasons]
         return np.stack(out)
 
 
 def _pick(i: int):
     """A function taking the ``i``-th grid point of every leaf of a tree."""
     return lambda tree: jax.tree.map(lambda a: np.asarray(a)[i], tree)
+
+
+def _followed(solvers: list[Solver]) -> list[str]:
+    """The ``"auto"`` inner steps every point of a batch follows (``bl.solve``'s rule,
+    :mod:`bilevel.drivers.curvature`); none when the points are split over devices."""
+    common = set(solvers[0].__dict__.get("_followed", ()))
+    for s in solvers[1:]:
+        common &= set(s.__dict__.get("_followed", ()))
+    return sorted(common)
 
 
 def _run_batch(problem, batch, seeds, schedule: Schedule, progress, init, settings):
@@ -306,7 +331,9 @@ def _run_batch(problem, batch, seeds, schedule: Schedule, progress, init, settin
     history = GridHistory(points, seeds)
     name, runs = batch[0][1].name, len(batch) * len(seeds)
     display = Progress(progress, schedule.steps, name, problem.name, runs)
-    engine = Engine(problem, stacked, schedule, history, display, settings=settings)
+    followed = _followed([s for _, s in batch]) if grid_mesh is None else []
+    adapt = InnerCurvature(stacked, followed, problem, state, grid=True) if followed else None
+    engine = Engine(problem, stacked, schedule, history, display, settings=settings, adapt=adapt)
     engine.start(state)
     try:
         _, stopped = engine.loop(state)

@@ -25,6 +25,7 @@ from bilevel.core.problem import BilevelProblem
 from bilevel.drivers.results import DivergenceWarning
 from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import final_means, sweep
+from bilevel.drivers.tuning import needs_tuning
 from bilevel.experiments.report import plot_history
 from bilevel.solvers import make
 
@@ -42,6 +43,19 @@ __all__ = [
 ]
 
 
+def paper_solver(name: str, **hyper):
+    """``bl.solvers.make(name, **hyper)`` for a reproduction: its settings are the paper's, so
+    nothing may be left to the automatic tuning of ``lr_outer="auto"`` (a ValueError names the
+    missing setting)."""
+    solver = make(name, **hyper)
+    if needs_tuning(solver):
+        raise ValueError(
+            f"a reproduction runs the paper's settings, but {name!r} was given no lr_outer "
+            "(it would be tuned); give the paper's value."
+        )
+    return solver
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
     """One curve of an experiment: ``solver`` with ``hyper`` run for ``steps``."""
@@ -54,7 +68,7 @@ class Method:
     time_limit: float | None = None  # seconds of solver time: bl.solve(time_limit=...)
 
     def make(self):
-        return make(self.solver, **self.hyper)
+        return paper_solver(self.solver, **self.hyper)
 
 
 @dataclasses.dataclass
@@ -225,7 +239,7 @@ def _scores_looped(problem, solver, base, keys, points, steps, metric, eval_ever
             warnings.simplefilter("ignore", DivergenceWarning)
             res = solve(
                 problem,
-                make(solver, **hyper),
+                paper_solver(solver, **hyper),
                 steps=steps,
                 seeds=list(range(seeds)),
                 eval_every=eval_every or steps,

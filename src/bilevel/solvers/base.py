@@ -142,8 +142,13 @@ class Solver(abc.ABC):
     #: whether the method only works on a bounded ``x_set`` (Frank-Wolfe methods: their linear
     #: minimization oracle has no minimiser on an unbounded set); ``check_problem`` enforces it
     needs_bounded_set: ClassVar[bool] = False
-    #: the ``lr_*`` fields that may be ``"auto"`` (filled in by :meth:`resolve`)
-    auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_inner",)
+    #: the ``lr_*`` fields that may be ``"auto"`` (filled in by :meth:`resolve`, or, for those
+    #: in ``tuned_step_sizes``, by a short tuning run of ``bl.solve`` / ``bl.tune``)
+    auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner")
+    #: the ``"auto"`` fields chosen by a tuning run on the user's problem
+    #: (:mod:`bilevel.drivers.tuning`) rather than by a rule of :meth:`resolve`; a method whose
+    #: ``lr_outer="auto"`` is a rule of its paper (IBCG's gamma from the horizon) sets ``()``
+    tuned_step_sizes: ClassVar[tuple[str, ...]] = ("lr_outer",)
     #: the paper that defines the method: authors, title, venue and year (and the algorithm or
     #: theorem, where the paper has several); every registered solver sets it, and
     #: ``bilevel solvers --long`` and ``docs/solvers.md`` list it
@@ -222,9 +227,23 @@ class Solver(abc.ABC):
             if fld.name not in self.auto_in_step and _is_auto(getattr(self, fld.name))
         ]
 
+    def untuned(self) -> list[str]:
+        """The ``"auto"`` fields a tuning run must choose (``tuned_step_sizes``; see
+        :func:`bilevel.tune`), which :meth:`resolve` leaves as they are."""
+        return [name for name in self.tuned_step_sizes if _is_auto(getattr(self, name, None))]
+
     def check_resolved(self) -> None:
         """Raise a clear ValueError if a data-dependent setting is still ``"auto"``."""
         missing = self.unresolved()
+        tuned = [name for name in missing if name in self.untuned()]
+        if tuned and len(tuned) == len(missing):  # resolve() first: its message below
+            raise ValueError(
+                f"{type(self).__name__}({tuned[0]}='auto') is chosen by a short tuning run on "
+                f"the problem: bl.solve does it, or call tuning = bl.tune(problem, solver, "
+                f"steps) and use dataclasses.replace(solver, {tuned[0]}=tuning.value); or give "
+                f"{tuned[0]} as a number."
+            )
+        missing = [name for name in missing if name not in tuned]
         if missing:
             given = ", ".join(f"{name}={getattr(self, name)!r}" for name in missing)
             raise ValueError(

@@ -66,6 +66,8 @@ class FrankWolfeSolver(Solver):
     direction. Their states carry ``fw_gap_estimate``."""
 
     needs_bounded_set: ClassVar[bool] = True
+    #: the Frank-Wolfe step follows the paper's rule (IBCG's gamma, SBFW's eta_k), not a tuning run
+    tuned_step_sizes: ClassVar[tuple[str, ...]] = ()
 
     def _check_plain_steps(self) -> None:
         """Refuse an outer optimiser: there is no gradient step to transform."""

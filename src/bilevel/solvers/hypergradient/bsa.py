@@ -73,7 +73,7 @@ class BSA(StochasticApproximation):
     Assumptions: g(x, .) strongly convex and smooth; X closed convex.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 10

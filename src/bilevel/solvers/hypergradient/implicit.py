@@ -248,7 +248,7 @@ class AID(ImplicitSolver):
     :class:`~bilevel.solvers.hypergradient.timing.DoubleLoop` of N steps.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 10

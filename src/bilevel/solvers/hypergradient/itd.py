@@ -84,7 +84,7 @@ class ITD(Solver):
     Assumptions: g(x, .) strongly convex and smooth, lr_inner < 2 / L_g.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 20

@@ -83,7 +83,7 @@ class SOBA(ImplicitSolver):
     Assumptions: g(x, .) strongly convex and smooth, f smooth, second derivatives Lipschitz.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     regime: str = "constant"

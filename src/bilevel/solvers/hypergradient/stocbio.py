@@ -51,7 +51,7 @@ class StocBiO(ImplicitSolver):
         ICML 2021.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 10

@@ -95,7 +95,7 @@ class TTSA(StochasticApproximation):
     Assumptions: g(x, .) strongly convex and smooth; X closed convex; alpha_k / beta_k -> 0.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     neumann_steps: int | str = 50

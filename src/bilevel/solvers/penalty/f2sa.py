@@ -160,7 +160,7 @@ class F2SA(Solver):
     Assumptions: g(x, .) strongly convex; f, g smooth (A1-A5 of the paper).
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 10

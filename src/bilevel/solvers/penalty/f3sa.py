@@ -143,7 +143,7 @@ class F3SA(Solver):
     Assumptions: g(x, .) strongly convex; f, g smooth for every sample (A1-A3, A6).
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     lam0: float = 10.0

@@ -186,7 +186,7 @@ class STABLE(Solver):
     O(dim y^3) dense algebra per step.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     tau: Any = None

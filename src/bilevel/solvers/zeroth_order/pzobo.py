@@ -192,7 +192,7 @@ class PathDifferenceSolver(Solver):
     ``direct + (c / Q) sum_j coefficient_j u_j``.
     """
 
-    lr_outer: Any = 0.01
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 20

@@ -1,0 +1,173 @@
+"""Every offline solver with its defaults on problems nobody tuned them for (issue: defaults).
+
+Three small scikit-learn problems built the way a new user would build them:
+
+- ``ridge``: diabetes regression with a per-feature ridge penalty ``exp(x_j) w_j^2`` (x in R^10);
+- ``logistic``: breast-cancer logistic regression with one log-penalty ``exp(x) ||w||^2``;
+- ``cleaning``: wine softmax regression with 30% of the training labels corrupted and one
+  weight ``sigmoid(x_i)`` per training sample (data hyper-cleaning, x in R^106),
+
+each deterministic (full batches) and with minibatches (32, 64, 32). Every solver of
+``bl.solvers.names()`` runs ``bl.solve(problem, bl.solvers.make(name, batch_size=...),
+steps=3000)`` with nothing else set (PZOBO-S and SABA need minibatches: they get them in both
+columns); the Frank-Wolfe methods (IBCG, SBFW) get the box ``[-3, 3]^d`` as ``x_set``.
+Printed per run: ``||grad F(x_K)|| / ||grad F(x_0)||`` (exact, ``bl.metrics.hypergradient``;
+the FW gap for the Frank-Wolfe methods), whether it diverged, the chosen ``lr_outer``, and the
+seconds the tuning took as a share of the whole solve. Nothing passes or fails on time.
+
+Run: ``python benchmarks/defaults.py [--problems ridge logistic] [--solvers f2sa aid-cg]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_wine
+
+import bilevel as bl
+
+jax.config.update("jax_enable_x64", True)
+STEPS = 3000
+
+
+def _standardise(X):
+    X = np.asarray(X, float)
+    return (X - X.mean(0)) / (X.std(0) + 1e-12)
+
+
+def _split(X, y, share, seed=0):
+    order = np.random.default_rng(seed).permutation(len(X))
+    n = int(share * len(X))
+    first, rest = order[:n], order[n:]
+    return X[first], y[first], X[rest], y[rest]
+
+
+def _data(X, y, **extra):
+    return {"X": jnp.asarray(X), "Y": jnp.asarray(y), **extra}
+
+
+def ridge():
+    X, y = load_diabetes(return_X_y=True)
+    X, y = _standardise(X), (y - y.mean()) / y.std()
+    Xt, yt, Xv, yv = _split(X, y, 0.6)
+
+    def inner(x, w, b):
+        return jnp.mean((b["X"] @ w - b["Y"]) ** 2) + jnp.sum(jnp.exp(x) * w**2)
+
+    def outer(x, w, b):
+        return jnp.mean((b["X"] @ w - b["Y"]) ** 2)
+
+    d = X.shape[1]
+    return bl.BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros(d),
+        y0=jnp.zeros(d),
+        outer_data=_data(Xv, yv),
+        inner_data=_data(Xt, yt),
+        name="ridge",
+    )
+
+
+def logistic():
+    X, y = load_breast_cancer(return_X_y=True)
+    X, y = _standardise(X), 2.0 * y - 1.0
+    Xt, yt, Xv, yv = _split(X, y, 0.5)
+
+    def loss(w, b):
+        return jnp.mean(jax.nn.softplus(-b["Y"] * (b["X"] @ w)))
+
+    def inner(x, w, b):
+        return loss(w, b) + jnp.exp(x[0]) * jnp.sum(w**2)
+
+    def outer(x, w, b):
+        return loss(w, b)
+
+    return bl.BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros(1),
+        y0=jnp.zeros(X.shape[1]),
+        outer_data=_data(Xv, yv),
+        inner_data=_data(Xt, yt),
+        name="logistic",
+    )
+
+
+def cleaning():
+    X, y = load_wine(return_X_y=True)
+    Xt, yt, Xv, yv = _split(_standardise(X), y, 0.6, seed=1)
+    rng = np.random.default_rng(2)
+    n = len(Xt)
+    yt = np.where(rng.random(n) < 0.3, rng.integers(0, 3, n), yt)
+
+    def cross_entropy(w, b):
+        logits = jax.nn.log_softmax(b["X"] @ w)
+        return -jnp.take_along_axis(logits, b["Y"][:, None], 1)[:, 0]
+
+    def inner(x, w, b):
+        return jnp.mean(jax.nn.sigmoid(x[b["i"]]) * cross_entropy(w, b)) + 0.01 * jnp.sum(w**2)
+
+    def outer(x, w, b):
+        return jnp.mean(cross_entropy(w, b))
+
+    return bl.BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros(n),
+        y0=jnp.zeros((13, 3)),
+        outer_data=_data(Xv, yv),
+        name="cleaning",
+        inner_data=_data(Xt, yt, i=jnp.arange(n)),
+    )
+
+
+PROBLEMS = {"ridge": (ridge, 32), "logistic": (logistic, 64), "cleaning": (cleaning, 32)}
+
+
+def measure(problem, x) -> float:
+    """||grad F(x)||, or the FW gap when the problem has a bounded x_set."""
+    if problem.x_set is not None:
+        return float(bl.metrics.fw_gap(problem, x))
+    return float(jnp.linalg.norm(bl.metrics.hypergradient(problem, x)))
+
+
+def run(problem, name: str, batch_size) -> str:
+    if bl.solvers.get(name).needs_bounded_set:
+        problem = problem.replace(x_set=bl.sets.Box(-3.0, 3.0))
+    solver = bl.solvers.make(name, batch_size=batch_size)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = bl.solve(problem, solver, steps=STEPS, progress=False)
+    seconds = time.perf_counter() - t0
+    ratio = measure(problem, res.x) / measure(problem, problem.x0)
+    tuning = res.tuning
+    lr = f"{tuning.value:8.2g}" if tuning else "   paper"
+    share = f"{tuning.seconds / seconds:5.0%}" if tuning else "    -"
+    return f"{ratio:8.3f} {'ok' if res.ok else 'DIV':>4} {lr} {share} {seconds:6.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", nargs="*", default=list(PROBLEMS))
+    parser.add_argument("--solvers", nargs="*", default=bl.solvers.names())
+    args = parser.parse_args()
+    print("problem   batch solver     ratio  run  lr_outer tune% seconds")
+    for which in args.problems:
+        build, batch = PROBLEMS[which]
+        problem = build()
+        for batch_size in (None, batch):
+            for name in args.solvers:
+                size = batch if name in ("pzobo-s", "saba") else batch_size
+                line = run(problem, name, size)
+                print(f"{which:9s} {size or 'full':>5} {name:8s} {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""``"auto"`` inner steps that follow the run: rescaled as the inner curvature L_g changes.
+
+``lr_inner="auto"`` (and the Neumann / adjoint / fixed-point steps derived from it) is fixed by
+:meth:`bilevel.solvers.base.Solver.resolve` from the curvature at ``(x0, y0)``: ``c / L_g`` with
+the paper's constant c. When L_g grows with x (a per-feature ridge penalty ``exp(x_j) w_j^2``
+has ``L_g ~ 2 exp(max_j x_j)``), that step becomes unstable once x has moved, and the run
+diverges for that reason alone. So ``bl.solve`` re-estimates L_g at the iterates at every
+evaluation (between compiled chunks, so nothing is recompiled: the steps are numeric leaves of
+the solver) and multiplies every ``"auto"`` inner step by ``min(1, L_g(x0, y0) / L_g(x_k, y_k))``
+(the largest over the seeds): the rule ``c / L_g`` evaluated where the run is, never above the
+value at the start. Steps the user gave as numbers are left alone, and so is ``lr_outer``.
+
+L_g is estimated by :data:`POWER_STEPS` power iterations on Hessian-vector products of g in y
+(a fixed pseudo-random start) on the inner data, or on a fixed random subset of
+:data:`MAX_ROWS` rows of it; the same estimator at the start and along the run, so its bias
+cancels in the ratio. The rescaling is a deterministic function of the state at an evaluation,
+so a run resumed from a checkpoint rescales exactly as the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilevel.core import oracles
+from bilevel.core.compiler import jit_options
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.tree import tree_norm, tree_scale, tree_vdot
+from bilevel.solvers.base import Solver
+
+__all__ = ["InnerCurvature", "followed_fields", "POWER_STEPS", "MAX_ROWS"]
+
+#: power iterations per estimate of L_g
+POWER_STEPS = 20
+#: the estimate uses at most this many rows of the inner data (a fixed random subset)
+MAX_ROWS = 4096
+
+
+def followed_fields(template: Solver, resolved: Solver) -> list[str]:
+    """The inner step sizes that were ``"auto"`` in ``template`` and are numbers once
+    ``resolved``: ``lr_*`` and ``*_lr`` fields other than ``lr_outer``."""
+    out = []
+    for fld in dataclasses.fields(template):
+        name = fld.name
+        if name == "lr_outer" or not (name.startswith("lr_") or name.endswith("_lr")):
+            continue
+        before, after = getattr(template, name), getattr(resolved, name)
+        if isinstance(before, str) and before == "auto" and isinstance(after, int | float):
+            out.append(name)
+    return out
+
+
+class InnerCurvature:
+    """Rescales a solver's ``"auto"`` inner steps by ``min(1, L_g(start) / L_g(now))``.
+
+    Args:
+        resolved: the resolved solver (its ``"auto"`` steps are the values at the start).
+        fields: the fields to rescale (:func:`followed_fields`).
+        problem: the problem (as placed for the run).
+        start: the run's initial states (leading seed axis), where L_g(start) is taken.
+    """
+
+    def __init__(
+        self, resolved: Solver, fields: list[str], problem: BilevelProblem, start, grid=False
+    ):
+        self.fields = fields
+        self.base = {name: _number(getattr(resolved, name)) for name in fields}
+        self._estimate = _estimator(problem.inner, grid)
+        self._data = _subset(problem.inner_data)
+        self.start = self.largest(problem, resolved, start)
+        self.scale = 1.0 if not grid else np.ones_like(self.start)
+
+    def largest(self, problem: BilevelProblem, solver: Solver, state):
+        """The largest estimate of L_g over the seeds of ``state`` (per grid point in a
+        sweep, whose state has a leading axis of points)."""
+        x, y = solver.output(state)
+        values = np.asarray(self._estimate(x, y, self._data))
+        return np.max(np.where(np.isfinite(values), values, 0.0), axis=-1)
+
+    def __call__(self, problem: BilevelProblem, solver: Solver, state) -> Solver:
+        """``solver`` with its followed steps rescaled for ``state``."""
+        now = self.largest(problem, solver, state)
+        ok = (now > 0) & (self.start > 0)
+        scale = np.where(ok, np.minimum(1.0, self.start / np.where(ok, now, 1.0)), 1.0)
+        if np.array_equal(scale, self.scale):  # the usual case: nothing to rebuild
+            return solver
+        self.scale = scale
+        if np.ndim(scale) == 0:  # Python floats keep the weak type of the user's numbers
+            changes = {name: value * float(scale) for name, value in self.base.items()}
+        else:
+            changes = {name: jnp.asarray(value * scale) for name, value in self.base.items()}
+        return dataclasses.replace(solver, **changes)
+
+
+def _number(value):
+    """A step as a Python float, or a NumPy array of them (a sweep's stacked points)."""
+    return float(value) if np.ndim(value) == 0 else np.asarray(value, dtype=float)
+
+
+@functools.lru_cache(maxsize=32)
+def _estimator(inner, grid: bool):
+    """The compiled estimate of L_g per seed (and grid point) for the inner function ``inner``
+    (cached, so repeated runs on one problem compile it once)."""
+    fn = jax.vmap(functools.partial(_curvature, inner), in_axes=(0, 0, None))
+    if grid:
+        fn = jax.vmap(fn, in_axes=(0, 0, None))
+    return jax.jit(fn, **jit_options())
+
+
+def _curvature(inner, x: Any, y: Any, data) -> jax.Array:
+    """L_g at (x, y): the Rayleigh quotient after :data:`POWER_STEPS` power iterations."""
+
+    def hvp(v):
+        return oracles.hvp_yy(inner, x, y, data, v)
+
+    leaves, treedef = jax.tree.flatten(y)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+    noise = [jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves, strict=True)]
+    v = jax.tree.unflatten(treedef, noise)
+
+    def power(v, _):
+        w = hvp(v)
+        return tree_scale(1.0 / jnp.maximum(tree_norm(w), 1e-30), w), None
+
+    v, _ = jax.lax.scan(power, v, None, length=POWER_STEPS)
+    return tree_vdot(v, hvp(v)) / jnp.maximum(tree_vdot(v, v), 1e-30)
+
+
+def _subset(data):
+    """``data``, or a fixed random subset of :data:`MAX_ROWS` of its rows."""
+    if data is None:
+        return None
+    n = jax.tree.leaves(data)[0].shape[0]
+    if n <= MAX_ROWS:
+        return data
+    rows = jax.random.choice(jax.random.PRNGKey(0), n, (MAX_ROWS,), replace=False)
+    return jax.tree.map(lambda a: jnp.take(a, rows, axis=0), data)

@@ -1,0 +1,286 @@
+"""``tune``: the outer step size of a solver, chosen by a short run on the user's own problem.
+
+A solver built with ``lr_outer="auto"`` (the default of every offline solver whose outer step is
+a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its own from
+:func:`tune`. The rule, in order:
+
+1. **Candidates**: a log-spaced grid, ``10^-4 ... 10`` in steps of ``10^0.5`` (11 values;
+   :data:`GRID`), all run as one :func:`bilevel.sweep` program (one compilation, the candidates
+   side by side) from the run's own start, seed and horizon, for a short share of the run:
+   ``steps // 20`` steps, at least 50 and at most 200 (:func:`tuning_steps`); on three seeds
+   (the run's and the next two) when the problem draws minibatches, since the noise decides
+   stability too, on the run's seed otherwise.
+2. **Score**: what the problem lets us compute, at the last two of four evaluations (their mean,
+   so one noisy minibatch iterate does not decide): the exact hypergradient norm
+   ``||grad F(x)||`` where :mod:`bilevel.analysis.metrics` can compute it (``y`` of at most
+   ``tuning_runs.EXACT_MAX_DIM`` = 300 entries, no model variables: dense Newton on the
+   inner problem, as the reference of every test); a problem's own ``grad_norm`` metric
+   when it has one; the Frank-Wolfe gap or gradient mapping of a constrained problem;
+   otherwise the outer loss ``outer_loss`` (the problem's own, e.g. on held-out data, or f on
+   the full outer data).
+3. **Stability**: a candidate that diverged (non-finite values, a metric or the iterates beyond
+   ``1e12`` times their start) is dropped, and so is one that did not improve on the start
+   (its score, or the exact value F = f(x, y*(x)) where known, ended above where it began),
+   unless no candidate improved; where F is known, also one whose final F is behind the best
+   candidate's by more than ``tuning_runs.BEHIND`` = 10% of the best decrease
+   ``F(x0) - min F`` (a run into a region where the gradient vanishes has a small
+   ``||grad F||`` but no better point). When every candidate is dropped the grid is
+   extended once downwards (``10^-9.5 ... 10^-4.5``); when the largest is the best, once upwards.
+4. **Choice**: the best-scoring candidate among the *safe* ones, those whose next larger
+   candidate was kept too (a step at the edge of stability in a short run can diverge later in
+   the run), or the next larger safe one when that scores within :data:`NEAR` (1.5x) of the
+   best: a larger stable step gains more over the rest of the run. (When the inner curvature
+   grows as x moves, ``bl.solve`` also rescales the ``"auto"`` inner steps along the run,
+   :mod:`bilevel.drivers.curvature`. Should the run diverge all the same, its message names
+   the next smaller candidate.)
+5. **Retries**: when the run itself diverges with the chosen step (a short run cannot see
+   everything: with minibatches, stability depends on the draws), ``bl.solve`` runs again
+   with the next smaller candidate, at most twice (:attr:`Tuning.retries`; not with a
+   checkpoint, whose run would change under it). The diverged runs' samples and oracle calls
+   are counted too.
+
+Everything is recorded in a :class:`Tuning` (``res.tuning`` of ``bl.solve``): the grid, the
+scores, why each dropped candidate was dropped, the choice, the steps, samples, oracle calls and
+seconds it took. The tuning's samples and oracle calls are added to every row of the run's
+history (no free work), and the run itself starts afresh from ``(x0, y0)`` with the chosen step,
+so ``bl.solve(problem, make(name, lr_outer=res.tuning.value), ...)`` retraces its iterates.
+The choice is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bilevel.core.oracles import Counts
+from bilevel.core.problem import BilevelProblem
+from bilevel.drivers.tuning_runs import Trial, scoring_problem, trial
+from bilevel.solvers.base import Solver
+
+__all__ = ["Tuning", "TuningError", "tune", "tuning_steps", "needs_tuning", "GRID", "NEAR"]
+
+#: the candidate outer steps: 10^-4 ... 10 in steps of 10^0.5
+GRID = tuple(float(10.0**e) for e in np.arange(-4.0, 1.01, 0.5))
+#: tried when every candidate of GRID was dropped (the same size: the same compiled program)
+GRID_BELOW = tuple(float(10.0**e) for e in np.arange(-9.5, -4.49, 0.5))
+#: tried when GRID's largest candidate scored best
+GRID_ABOVE = tuple(float(10.0**e) for e in np.arange(1.5, 6.51, 0.5))
+#: the next larger candidate is chosen when its score is within this factor of the best
+NEAR = 1.5
+
+
+class TuningError(ValueError):
+    """Every candidate step diverged or made no progress; the message names what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """What the automatic step-size choice did (``res.tuning`` of :func:`bilevel.solve`).
+
+    Attributes:
+        field: the tuned hyperparameter (``"lr_outer"``).
+        value: the chosen value.
+        grid: the candidates tried, in increasing order.
+        scores: each candidate's score (lower is better; ``inf`` when dropped).
+        dropped: why each candidate was dropped (``""`` when kept).
+        score: what the score is: ``"grad_norm"`` (exact ||grad F(x)||), ``"fw_gap"``,
+            ``"grad_mapping"`` or ``"outer_loss"``.
+        start_score: the score at the start (x0, y0), the same for every candidate.
+        steps: steps each candidate ran.
+        samples, oracle_calls: what the whole tuning run drew and called, summed over the
+            candidates (added to every row of the run's history).
+        counts: the same per counter (``bilevel.core.oracles.Counts`` fields).
+        seconds: wall-clock seconds of the tuning (compilation included).
+        largest_stable: the largest candidate that was not dropped.
+        retries: the values whose full run diverged (``bl.solve`` then runs again with the
+            next smaller candidate, at most twice, and ``value`` is the one it ended with;
+            the diverged runs' samples and oracle calls are in the counts).
+    """
+
+    field: str
+    value: float
+    grid: tuple[float, ...]
+    scores: tuple[float, ...]
+    dropped: tuple[str, ...]
+    score: str
+    start_score: float
+    steps: int
+    samples: int
+    oracle_calls: int
+    counts: dict[str, int]
+    seconds: float
+    largest_stable: float
+    retries: tuple[float, ...] = ()
+
+    def retried(self, value: float, spent: dict[str, int]) -> Tuning:
+        """This tuning after the full run with ``self.value`` diverged: ``value`` is used
+        instead, the failed run's value is added to ``retries`` and ``spent`` (its counter
+        totals, :class:`bilevel.core.oracles.Counts` fields, tuning included) become the
+        counts."""
+        calls = sum(v for k, v in spent.items() if not k.startswith("samples"))
+        return dataclasses.replace(
+            self,
+            value=value,
+            retries=(*self.retries, self.value),
+            samples=spent["samples_outer"] + spent["samples_inner"],
+            oracle_calls=calls,
+            counts=dict(spent),
+        )
+
+    def table(self) -> pd.DataFrame:
+        """One row per candidate: the value, its score, why it was dropped, whether chosen."""
+        return pd.DataFrame(
+            {
+                self.field: self.grid,
+                self.score: self.scores,
+                "dropped": self.dropped,
+                "chosen": [v == self.value for v in self.grid],
+            }
+        )
+
+    def summary(self) -> str:
+        """One line for the progress display and messages."""
+        kept = sum(not d for d in self.dropped)
+        best = self.scores[self.grid.index(self.value)]
+        return (
+            f"tuned {self.field} = {self.value:.3g} ({kept} of {len(self.grid)} candidates "
+            f"{self.grid[0]:.0e}..{self.grid[-1]:.0e} stable; {self.score} {self.start_score:.3g}"
+            f" -> {best:.3g} in {self.steps} steps; {self.samples:,} samples, "
+            f"{self.seconds:.1f} s)"
+            + "".join(f"; {v:.3g} diverged in the run" for v in self.retries)
+        )
+
+
+def needs_tuning(solver: Solver) -> bool:
+    """Whether ``solver``'s outer step is ``"auto"`` and chosen here (not by its own rule)."""
+    return "lr_outer" in solver.untuned()
+
+
+def tuning_steps(steps: int) -> int:
+    """The steps of the tuning run for a run of ``steps``: a twentieth, in [50, 200], at most
+    ``steps``."""
+    return int(min(steps, max(50, min(200, steps // 20))))
+
+
+def tune(
+    problem: BilevelProblem,
+    solver: Solver | str,
+    steps: int = 3000,
+    *,
+    seed: int = 0,
+    grid: Sequence[float] | None = None,
+    init=None,
+    cpu_rewrites=None,
+    **hyperparameters: Any,
+) -> Tuning:
+    """Choose ``lr_outer`` for ``solver`` on ``problem`` by a short run (module docstring).
+
+    Args:
+        problem: a :class:`bilevel.BilevelProblem`.
+        solver: a solver, or a name built with ``bl.solvers.make(name, **hyperparameters)``;
+            its ``lr_outer`` is replaced by each candidate (other settings are kept).
+        steps: the length of the run the step is for: it sets the tuning's length
+            (:func:`tuning_steps`) and the horizon of horizon-dependent methods.
+        seed: the seed of the tuning run (the choice is deterministic for a seed).
+        grid: the candidates (default :data:`GRID`; then extended once if needed).
+        init: as in :func:`bilevel.solve`.
+        cpu_rewrites: as in :func:`bilevel.solve`.
+
+    Returns:
+        A :class:`Tuning`; ``tuning.value`` is the chosen ``lr_outer``.
+
+    Raises:
+        TuningError: when every candidate diverged or made no progress.
+    """
+    from bilevel.solvers import make
+
+    if isinstance(solver, str):
+        solver = make(solver, **hyperparameters)
+    elif hyperparameters:
+        solver = dataclasses.replace(solver, **hyperparameters)
+    solver.check_problem(problem)
+    solver = solver.with_horizon(steps)
+    n = tuning_steps(steps)
+    scoring, score_name = scoring_problem(problem)
+    t0 = time.perf_counter()
+    given = grid is not None
+    candidates = tuple(sorted(float(v) for v in grid)) if given else GRID
+    trials = [trial(scoring, solver, candidates, n, seed, init, cpu_rewrites, score_name)]
+    if not given:
+        first = trials[0]
+        if not any(d == "" for d in first.dropped):
+            trials.append(
+                trial(scoring, solver, GRID_BELOW, n, seed, init, cpu_rewrites, score_name)
+            )
+        elif _best(first) == len(candidates) - 1:
+            trials.append(
+                trial(scoring, solver, GRID_ABOVE, n, seed, init, cpu_rewrites, score_name)
+            )
+    merged = _merge(trials)
+    seconds = time.perf_counter() - t0
+    return _decide(merged, solver, score_name, n, seconds)
+
+
+def _best(trial: Trial) -> int:
+    return int(np.argmin(trial.scores))
+
+
+def _merge(trials: list[Trial]) -> Trial:
+    """The trials' candidates in one increasing grid."""
+    if len(trials) == 1:
+        return trials[0]
+    pairs = sorted(
+        (v, s, d) for t in trials for v, s, d in zip(t.grid, t.scores, t.dropped, strict=True)
+    )
+    counts = {k: sum(t.counts[k] for t in trials) for k in trials[0].counts}
+    return Trial(
+        tuple(p[0] for p in pairs),
+        [p[1] for p in pairs],
+        trials[0].start,
+        [p[2] for p in pairs],
+        counts,
+    )
+
+
+def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: float) -> Tuning:
+    """The choice (module docstring, point 4), or a :class:`TuningError`."""
+    kept = [i for i, d in enumerate(trial.dropped) if not d]
+    if not kept:
+        raise TuningError(
+            f"{solver.name}: every lr_outer candidate from {trial.grid[0]:.0e} to "
+            f"{trial.grid[-1]:.0e} diverged or made no progress within {n} steps. The inner "
+            f"steps are the likely cause (lr_inner={getattr(solver, 'lr_inner', None)!r}): "
+            "lower lr_inner (e.g. to a tenth), or give lr_outer as a number."
+        )
+    # a candidate whose next larger one was dropped is at the edge of stability: a short run
+    # says little of the rest of the run (the README's F2SA example: 10 stable for 50 steps,
+    # diverged by step 100 of 500)
+    stable = [i for i, d in enumerate(trial.dropped) if d not in ("diverged", "not finite")]
+    safe = [i for i in kept if i + 1 == len(trial.grid) or not trial.dropped[i + 1]]
+    if safe:
+        choice = min(safe, key=lambda i: trial.scores[i])
+        if choice + 1 in safe and trial.scores[choice + 1] <= NEAR * trial.scores[choice]:
+            choice += 1
+    else:  # every kept candidate is at the edge: the stable (if slower) one below it
+        choice = min(kept, key=lambda i: trial.scores[i])
+        choice = choice - 1 if choice - 1 in stable else choice
+    return Tuning(
+        field="lr_outer",
+        value=trial.grid[choice],
+        grid=trial.grid,
+        scores=tuple(trial.scores),
+        dropped=tuple(trial.dropped),
+        score=score_name,
+        start_score=trial.start,
+        steps=n,
+        samples=trial.counts["samples"],
+        oracle_calls=trial.counts["oracle_calls"],
+        counts={k: v for k, v in trial.counts.items() if k in Counts._fields},
+        seconds=seconds,
+        largest_stable=trial.grid[max(kept)],
+    )

@@ -1,0 +1,181 @@
+"""The tuning run's candidates: one ``bl.sweep`` per grid, scored (:mod:`bilevel.drivers.tuning`
+explains the rule; this module runs and scores the candidates, that one decides)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+import pandas as pd
+from jax.flatten_util import ravel_pytree
+
+from bilevel.core.oracles import Counts
+from bilevel.core.problem import BilevelProblem
+from bilevel.core.tree import tree_norm
+from bilevel.drivers.sweep import sweep
+
+__all__ = ["Trial", "scoring_problem", "trial", "EXACT_MAX_DIM", "EVALUATIONS", "BEHIND"]
+
+#: the exact score needs a dense inner Hessian per candidate: only for y of at most this size
+EXACT_MAX_DIM = 300
+#: evaluations of the tuning run (the score averages the last two)
+EVALUATIONS = 4
+#: a candidate whose exact F ends more than this share of the best decrease behind the best
+BEHIND = 0.1
+
+
+@dataclasses.dataclass
+class Trial:
+    """One sweep over candidates: per candidate its score, start score, drop reason, counts."""
+
+    grid: tuple[float, ...]
+    scores: list[float]
+    start: float
+    dropped: list[str]
+    counts: dict[str, int]
+
+
+def scoring_problem(problem: BilevelProblem) -> tuple[BilevelProblem, str]:
+    """The problem the tuning run evaluates, and the name of its score.
+
+    Small unconstrained problems without models get exact metrics ``grad_norm`` and ``F``
+    (dense Newton from the solver's y, then the implicit-function formula); a problem's own
+    ``grad_norm`` or a constrained problem's ``fw_gap`` / ``grad_mapping`` are used as they
+    are; anything else is scored by ``outer_loss``.
+    """
+    own = problem.metrics
+    names = set()
+    if own is not None:
+        names = set(jax.eval_shape(own, problem.x0, problem.y0))
+    if "grad_norm" in names:
+        return problem, "grad_norm"
+    models = problem.model_parts != (None, None)
+    dim_y = ravel_pytree(problem.y0)[0].size
+    dim_x = ravel_pytree(problem.x0)[0].size
+    small = not models and dim_y <= EXACT_MAX_DIM and dim_x <= 1000
+    if problem.x_set is not None:
+        if small:
+            from bilevel.core import sets
+
+            bounded = isinstance(
+                problem.x_set, sets.L2Ball | sets.L1Ball | sets.Simplex | sets.NuclearBall
+            )
+            return problem, "fw_gap" if bounded else "grad_mapping"
+        return problem, "outer_loss"
+    if not small:
+        return problem, "outer_loss"
+    return problem.replace(metrics=_exact_metrics(problem)), "grad_norm"
+
+
+def _exact_metrics(problem: BilevelProblem):
+    """``metrics(x, y)``: the problem's own, plus the exact ``grad_norm`` and ``F``."""
+    from bilevel.analysis.metrics import dense_hypergradient, newton_inner_solution
+
+    own = problem.metrics
+    outer, inner = problem.outer, problem.inner
+    outer_data, inner_data = problem.outer_data, problem.inner_data
+
+    def metrics(x, y):
+        out = {} if own is None else dict(own(x, y))
+        y_star = newton_inner_solution(inner, x, y, inner_data, 10)
+        grad = dense_hypergradient(outer, inner, x, y_star, outer_data, inner_data, 2)
+        out["grad_norm"] = tree_norm(grad)
+        out["F"] = outer(x, y_star, outer_data)
+        return out
+
+    return metrics
+
+
+def trial(problem, solver, candidates, n, seed, init, cpu_rewrites, score_name) -> Trial:
+    """Run the candidates as one sweep and score them (the mean over the tuning's seeds)."""
+    # minibatch noise decides stability too: three seeds, a candidate dropped if one diverges
+    seeds = (seed,) if not (problem.stochastic or init is not None) else (seed, seed + 1, seed + 2)
+    every = max(1, n // EVALUATIONS)
+    df = sweep(
+        problem,
+        solver,
+        grid={"lr_outer": list(candidates)},
+        steps=n,
+        seeds=seeds,
+        eval_every=every,
+        progress=False,
+        init=init,
+        cpu_rewrites=cpu_rewrites,
+    )
+    dead = {d["lr_outer"] for d in df.attrs.get("diverged", [])}
+    df = _seed_means(df)
+    scores, dropped = [], []
+    counts = {k: 0 for k in ("samples", "oracle_calls", *Counts._fields)}
+    start = math.inf
+    for value in candidates:
+        rows = df[df["lr_outer"] == value].sort_values("step")
+        start = float(rows[score_name].iloc[0])
+        last = rows.iloc[-1]
+        for k in counts:  # a diverged candidate's steps after its last row: extrapolated
+            counts[k] += int(round(last[k] * n / max(int(last["step"]), 1)))
+        reason = _drop_reason(rows, value in dead, score_name, n)
+        dropped.append(reason)
+        tail = rows[score_name].iloc[-2:] if len(rows) > 2 else rows[score_name].iloc[-1:]
+        scores.append(math.inf if reason else float(np.mean(tail)))
+    if "F" in df:  # a flat region far away has a small gradient too: F must be near the best
+        _drop_behind(df, candidates, scores, dropped)
+    if all(dropped) and not all(d in ("diverged", "not finite") for d in dropped):
+        # no candidate improved: keep the stable ones, scored as they are
+        for i, value in enumerate(candidates):
+            if dropped[i] == "no progress":
+                rows = df[df["lr_outer"] == value].sort_values("step")
+                scores[i] = float(np.mean(rows[score_name].iloc[-2:]))
+                dropped[i] = ""
+    return Trial(tuple(candidates), scores, start, dropped, counts)
+
+
+def _seed_means(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per candidate and step: the mean over seeds of the metrics, the sum of the
+    counters (what all the seeds drew), the rows of steps every seed reached."""
+    counters = ["samples", "oracle_calls", *Counts._fields]
+    n_seeds = df["seed"].nunique()
+    grouped = df.groupby(["lr_outer", "step"], sort=True)
+    complete = grouped["seed"].transform("nunique") == n_seeds
+    df = df[complete]
+    grouped = df.groupby(["lr_outer", "step"], sort=True)
+    metrics = [c for c in df.columns if c not in (*counters, "lr_outer", "step", "seed")]
+    out = grouped[metrics].mean()
+    out[counters] = grouped[counters].sum()
+    return out.reset_index()
+
+
+def _drop_behind(df: pd.DataFrame, candidates, scores: list, dropped: list) -> None:
+    """Drop (in place) the kept candidates whose final exact F is behind the best one's by more
+    than :data:`BEHIND` of the best decrease F(x0) - min F: a candidate that ran into a region
+    where the gradient vanishes (a penalty exp(x_j) -> 0 as x_j -> -inf) scores a small
+    ``||grad F||`` without having found a better point."""
+    final = []
+    for value in candidates:
+        rows = df[df["lr_outer"] == value].sort_values("step")
+        final.append(float(rows["F"].iloc[-1]))
+    kept = [i for i, d in enumerate(dropped) if not d]
+    if not kept:
+        return
+    start = float(df.sort_values("step")["F"].iloc[0])
+    best = min(final[i] for i in kept)
+    for i in kept:
+        if final[i] - best > BEHIND * max(start - best, 0.0):
+            dropped[i], scores[i] = "F behind", math.inf
+
+
+def _drop_reason(rows: pd.DataFrame, diverged: bool, score_name: str, n: int) -> str:
+    """Why a candidate is dropped: ``"diverged"`` (the run's divergence rules), ``"not
+    finite"``, ``"no progress"`` (its score, or F where known, ended above its start), or
+    ``""``."""
+    if diverged or int(rows["step"].iloc[-1]) < n:
+        return "diverged"
+    values = rows[score_name].to_numpy(float)
+    if not np.all(np.isfinite(values)):
+        return "not finite"
+    worse = values[-1] > values[0]
+    if "F" in rows:
+        F = rows["F"].to_numpy(float)
+        worse = worse or not np.isfinite(F[-1]) or F[-1] > F[0] + 1e-12 * abs(F[0])
+    return "no progress" if worse else ""

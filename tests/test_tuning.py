@@ -1,0 +1,185 @@
+"""``lr_outer="auto"``: the tuning run of ``bl.solve`` / ``bl.tune`` (bilevel.drivers.tuning).
+
+On the closed-form quadratic (``bl.problems.quadratic()``: its ``grad_norm`` metric is exact),
+a default solve must tune, choose a step from its grid, count the tuning's samples in the
+history, converge, and be reproducible; the choice rule is checked on synthetic trials.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bilevel as bl
+from bilevel.drivers import tuning as tuning_module
+from bilevel.experiments.common import paper_solver
+
+STEPS = 600
+
+
+@pytest.fixture(scope="module")
+def quadratic():
+    return bl.problems.quadratic()
+
+
+@pytest.fixture(scope="module")
+def tuned_run(quadratic):
+    return bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=STEPS, progress=False)
+
+
+def test_default_solve_tunes_and_converges(tuned_run):
+    tuning = tuned_run.tuning
+    assert isinstance(tuning, bl.Tuning)
+    assert tuning.field == "lr_outer"
+    assert tuning.value in tuning.grid
+    assert tuning.steps == tuning_module.tuning_steps(STEPS) == 50
+    assert tuning.score == "grad_norm"  # the problem's own exact metric
+    assert tuned_run.solver.lr_outer == tuning.value
+    h = tuned_run.history
+    # the closed-form ||grad F|| falls by far more than the issue's 10x in 600 steps
+    assert h["grad_norm"].iloc[-1] <= 0.1 * h["grad_norm"].iloc[0]
+    assert tuned_run.ok
+
+
+def test_tuning_counts_are_in_the_history(quadratic, tuned_run):
+    tuning = tuned_run.tuning
+    first = tuned_run.history.iloc[0]
+    assert first["step"] == 0
+    assert first["samples"] == tuning.samples
+    assert first["oracle_calls"] == tuning.oracle_calls > 0
+    # the run itself is the fixed-step run with the chosen value: the same iterates, and the
+    # counts differ by exactly the tuning's
+    again = bl.solve(
+        quadratic, bl.solvers.make("aid-cg", lr_outer=tuning.value), steps=STEPS, progress=False
+    )
+    assert again.tuning is None
+    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(tuned_run.x))
+    delta = tuned_run.history["oracle_calls"].to_numpy() - again.history["oracle_calls"].to_numpy()
+    assert np.all(delta == tuning.oracle_calls)
+
+
+def test_same_seed_same_choice(quadratic, tuned_run):
+    again = bl.tune(quadratic, "aid-cg", STEPS)
+    assert again.value == tuned_run.tuning.value
+    assert again.scores == tuned_run.tuning.scores
+    table = again.table()
+    assert list(table["lr_outer"]) == list(again.grid)
+    assert table["chosen"].sum() == 1
+
+
+def test_tuning_by_exact_gradient_of_user_problem():
+    """A problem without closed-form metrics (a per-feature ridge penalty) is scored by the
+    exact hypergradient norm the tuning adds, and converges by 10x."""
+    problem = _ridge(seed=3)
+    res = bl.solve(problem, bl.solvers.make("f2sa"), steps=1500, progress=False)
+    assert res.tuning.score == "grad_norm"
+    g0 = float(jnp.linalg.norm(bl.metrics.hypergradient(problem, problem.x0)))
+    g = float(jnp.linalg.norm(bl.metrics.hypergradient(problem, res.x)))
+    assert res.ok and g <= 0.1 * g0
+
+
+def _ridge(seed: int, n: int = 240, d: int = 5):
+    """Ridge regression with a per-feature penalty exp(x_j) w_j^2, tuned on validation data."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    Y = X @ np.linspace(-1.5, 1.5, d) + 0.5 * rng.normal(size=n)
+    train = {"X": jnp.asarray(X[: n // 2]), "Y": jnp.asarray(Y[: n // 2])}
+    val = {"X": jnp.asarray(X[n // 2 :]), "Y": jnp.asarray(Y[n // 2 :])}
+
+    def inner(x, w, b):
+        return jnp.mean((b["X"] @ w - b["Y"]) ** 2) + jnp.sum(jnp.exp(x) * w**2)
+
+    def outer(x, w, b):
+        return jnp.mean((b["X"] @ w - b["Y"]) ** 2)
+
+    return bl.BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros(d),
+        y0=jnp.zeros(d),
+        outer_data=val,
+        inner_data=train,
+        name="ridge-exp",
+    )
+
+
+# ---- the choice rule -------------------------------------------------------------------------
+def _trial(scores, dropped):
+    grid = tuning_module.GRID[: len(scores)]
+    counts = dict.fromkeys(("samples", "oracle_calls", *bl.oracles.Counts._fields), 0)
+    return tuning_module.Trial(grid, list(scores), 1.0, list(dropped), counts)
+
+
+def _decide(scores, dropped):
+    solver = bl.solvers.make("aid-cg")
+    return tuning_module._decide(_trial(scores, dropped), solver, "grad_norm", 50, 0.0)
+
+
+def test_edge_of_stability_is_not_chosen():
+    inf = math.inf
+    # the best score is at the largest stable candidate, whose neighbour diverged: one below
+    choice = _decide([0.9, 0.5, 0.2, 0.05, inf], ["", "", "", "", "diverged"])
+    assert choice.value == tuning_module.GRID[2]
+    assert choice.largest_stable == tuning_module.GRID[3]
+    assert choice.table()["chosen"].sum() == 1
+
+
+def test_next_larger_candidate_within_near_factor():
+    choice = _decide([0.9, 0.3, 0.4, 0.8, 0.9], [""] * 5)
+    assert choice.value == tuning_module.GRID[2]  # 0.4 <= 1.5 x 0.3
+    choice = _decide([0.9, 0.3, 0.5, 0.8, 0.9], [""] * 5)
+    assert choice.value == tuning_module.GRID[1]
+
+
+def test_all_dropped_names_lr_inner():
+    with pytest.raises(bl.TuningError, match="lr_inner"):
+        _decide([math.inf] * 3, ["diverged"] * 3)
+
+
+# ---- where "auto" may not go -----------------------------------------------------------------
+def test_init_without_tuning_says_how(quadratic):
+    solver = bl.solvers.make("stocbio").resolve(quadratic)
+    with pytest.raises(ValueError, match="bl.tune"):
+        solver.init(quadratic, jax.random.PRNGKey(0))
+
+
+def test_sweep_refuses_auto_lr_outer_outside_the_grid(quadratic):
+    with pytest.raises(ValueError, match="put lr_outer in grid"):
+        bl.sweep(quadratic, "aid-cg", grid={"lr_inner": [0.05, 0.1]}, steps=10, progress=False)
+
+
+def test_reproductions_never_tune():
+    with pytest.raises(ValueError, match="paper's"):
+        paper_solver("f2sa", lr_inner=0.1)
+    assert paper_solver("f2sa", lr_outer=0.1).lr_outer == 0.1
+
+
+def test_frank_wolfe_steps_follow_their_paper():
+    # IBCG's "auto" gamma is its paper's rule of the horizon, not a tuning run
+    assert bl.solvers.make("ibcg").untuned() == []
+    assert dataclasses.replace(bl.solvers.make("stocbio"), lr_outer=0.1).untuned() == []
+
+
+def test_a_tuned_step_that_diverges_in_the_run_is_retried_smaller(quadratic, monkeypatch):
+    """The run with the chosen step diverges: bl.solve runs again with the next smaller
+    candidate, says so in ``res.tuning.retries`` and counts the diverged run's work."""
+    import bilevel.drivers.solve as solve_module
+
+    grid = (0.01, 0.1, 1e4)
+    fake = tuning_module.Tuning(
+        field="lr_outer", value=1e4, grid=grid, scores=(1.0, 0.5, 0.1), dropped=("", "", ""),
+        score="grad_norm", start_score=2.0, steps=10, samples=0, oracle_calls=0,
+        counts=dict.fromkeys(bl.oracles.Counts._fields, 0), seconds=0.0, largest_stable=1e4,
+    )  # fmt: skip
+    monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
+    res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=200, progress=False)
+    assert res.ok
+    assert res.tuning.retries == (1e4,) and res.tuning.value == 0.1
+    fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.1), 200, progress=False)
+    np.testing.assert_array_equal(np.asarray(res.x), np.asarray(fixed.x))
+    assert res.tuning.oracle_calls > 0  # the diverged run's calls
+    delta = res.history["oracle_calls"].to_numpy() - fixed.history["oracle_calls"].to_numpy()
+    assert np.all(delta == res.tuning.oracle_calls)
