@@ -4,7 +4,7 @@ A solver built with ``lr_outer="auto"`` (the default of every offline solver who
 a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its own from
 :func:`tune`. The rule, in order:
 
-1. **Candidates**: a log-spaced grid, ``10^-4 ... 10`` in steps of ``10^0.5`` (11 values;
+1. **Candidates**: a log-spaced grid, ``10^-3 ... 10^2`` in steps of ``10^0.5`` (11 values;
    :data:`GRID`), all run as one :func:`bilevel.sweep` program (one compilation, the candidates
    side by side) from the run's own start, seed and horizon, for a short share of the run:
    ``steps // 20`` steps, at least 50 and at most 200 (:func:`tuning_steps`); on three seeds
@@ -25,7 +25,7 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    candidate's by more than ``tuning_runs.BEHIND`` = 10% of the best decrease
    ``F(x0) - min F`` (a run into a region where the gradient vanishes has a small
    ``||grad F||`` but no better point). When every candidate is dropped the grid is
-   extended once downwards (``10^-9.5 ... 10^-4.5``); when the largest is the best, once upwards.
+   extended once downwards (``10^-8.5 ... 10^-3.5``); when the largest is the best, once upwards.
 4. **Choice**: the best-scoring candidate among the *safe* ones, those whose next larger
    candidate was kept too (a step at the edge of stability in a short run can diverge later in
    the run), or the next larger safe one when that scores within :data:`NEAR` (1.5x) of the
@@ -64,12 +64,13 @@ from bilevel.solvers.base import Solver
 
 __all__ = ["Tuning", "TuningError", "tune", "tuning_steps", "needs_tuning", "GRID", "NEAR"]
 
-#: the candidate outer steps: 10^-4 ... 10 in steps of 10^0.5
-GRID = tuple(float(10.0**e) for e in np.arange(-4.0, 1.01, 0.5))
+#: the candidate outer steps: 10^-3 ... 10^2 in steps of 10^0.5 (mean losses have small
+#: gradients: steps up to 100 are common on them)
+GRID = tuple(float(10.0**e) for e in np.arange(-3.0, 2.01, 0.5))
 #: tried when every candidate of GRID was dropped (the same size: the same compiled program)
-GRID_BELOW = tuple(float(10.0**e) for e in np.arange(-9.5, -4.49, 0.5))
+GRID_BELOW = tuple(float(10.0**e) for e in np.arange(-8.5, -3.49, 0.5))
 #: tried when GRID's largest candidate scored best
-GRID_ABOVE = tuple(float(10.0**e) for e in np.arange(1.5, 6.51, 0.5))
+GRID_ABOVE = tuple(float(10.0**e) for e in np.arange(2.5, 7.51, 0.5))
 #: the next larger candidate is chosen when its score is within this factor of the best
 NEAR = 1.5
 
