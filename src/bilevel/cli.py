@@ -242,8 +242,27 @@ def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = Fa
         "diverged": res.diverged,
         "message": res.message,
         "final_mean": {c: float(last[c].mean()) for c in last.columns if c not in ("seed",)},
+        "tuning": _tuning_summary(getattr(res, "tuning", None)),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _tuning_summary(tuning) -> dict | None:
+    """What chose ``lr_outer`` (``res.tuning``), JSON-able; ``None`` when it was given."""
+    if tuning is None:
+        return None
+    return {
+        "summary": tuning.summary(),
+        "value": tuning.value,
+        "grid": list(tuning.grid),
+        "scores": [None if s == float("inf") else s for s in tuning.scores],
+        "dropped": list(tuning.dropped),
+        "score": tuning.score,
+        "steps": tuning.steps,
+        "samples": tuning.samples,
+        "seconds": tuning.seconds,
+        "retries": list(tuning.retries),
+    }
 
 
 def _parse_grid(items: list[str]) -> dict:
