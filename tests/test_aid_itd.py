@@ -68,7 +68,7 @@ def test_itd_is_the_exact_gradient_of_the_unrolled_loop(quad, point):
     well-conditioned map). Its error against the exact grad F falls with N."""
     ref, (x, y0) = quad.reference, point
     Ns = (1, 2, 4, 8, 16)
-    solvers = [bl.solvers.make("itd", lr_inner=LR, inner_steps=N) for N in Ns]
+    solvers = [bl.solvers.make("itd", lr_outer=0.01, lr_inner=LR, inner_steps=N) for N in Ns]
     results = _hypergradients(solvers, quad, 16)(jnp.asarray(x), jnp.asarray(y0))
     errors = []
     for N, (h, y_N) in zip(Ns, results, strict=True):
@@ -123,7 +123,7 @@ def test_aid_error_falls_with_inner_steps(quad, point, name):
     the estimate after N steps from y0 is the N = 1 estimate from y_{N-1}."""
     ref, (x, y0) = quad.reference, point
     extra = {"linsolve_steps": 50} if name == "aid-cg" else {"linsolve_steps": 200, "fp_lr": 0.18}
-    solver = bl.solvers.make(name, lr_inner=LR, inner_steps=1, **extra)
+    solver = bl.solvers.make(name, lr_outer=0.01, lr_inner=LR, inner_steps=1, **extra)
     hypergradient = _hypergradients([solver], quad, 3)
     y, errors = jnp.asarray(y0), {}
     for n in range(1, 17):
@@ -143,7 +143,10 @@ def test_aid_adjoint_closed_form_and_error_falls_with_linsolve_steps(quad, point
     y_star = ref.y_star(x)
     r = y_star - ref.D @ x - ref.e
     Ks = (1, 2, 4, 8, 16)
-    solvers = [bl.solvers.make(name, lr_inner=LR, inner_steps=1, linsolve_steps=K) for K in Ks]
+    solvers = [
+        bl.solvers.make(name, lr_outer=0.01, lr_inner=LR, inner_steps=1, linsolve_steps=K)
+        for K in Ks
+    ]
     results = _hypergradients(solvers, quad, 3)(jnp.asarray(x), jnp.asarray(y_star))
     errors = []
     for K, (h, _) in zip(Ks, results, strict=True):

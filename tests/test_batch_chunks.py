@@ -132,7 +132,7 @@ def test_solver_runs_match_whole_batches(name, scheme):
     """The same iterates as with whole batches: the same draws, each evaluated in 3 parts (20
     rows: parts of 7, 7, 6; windows wrap around the 96 samples). SABA reads its batches row by
     row, so it keeps them whole: bit-identical."""
-    solver = bl.solvers.make(name, batch_size=20)
+    solver = bl.solvers.make(name, lr_outer=0.01, batch_size=20)
     runs = [
         bl.solve(
             _stochastic(sampling=scheme, batch_chunks=k), solver, steps=40, seed=3, progress=False
@@ -178,7 +178,8 @@ def test_checkpoint_fingerprint_sees_the_parts_and_the_users_function(tmp_path):
     from bilevel.core.problem import users_function
     from bilevel.drivers.checkpoints import signature as _signature
 
-    problem, solver = _stochastic(batch_chunks=2), bl.solvers.make("f2sa", batch_size=20)
+    problem = _stochastic(batch_chunks=2)
+    solver = bl.solvers.make("f2sa", lr_outer=0.01, batch_size=20)
     args = dict(seed=0, progress=False, eval_every=5)
     straight = bl.solve(problem, solver, steps=10, **args)
     keep = dict(checkpoint=tmp_path, checkpoint_interval=0)

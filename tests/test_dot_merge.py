@@ -165,7 +165,7 @@ def test_sobas_forward_products_merge_on_data_cleaning():
     """SOBA's step on one minibatch: ``X W`` (gradient), ``X V`` (HVP tangent) and the cross
     derivative's ``(V^T X^T)^T``, which is ``X V`` again, run as one product ``X [W, V]``."""
     problem = _cleaning_like_problem()
-    solver = bl.solvers.make("soba", batch_size=16).resolve(problem)
+    solver = bl.solvers.make("soba", lr_outer=0.01, batch_size=16).resolve(problem)
     state = solver.init(problem, jax.random.key(0))
     rewritten = keep(lambda s: solver.step(problem, s))
     hlo = jax.jit(rewritten).lower(state).compile().as_text()
@@ -196,7 +196,9 @@ def test_stocbio_runs_the_same_with_and_without_merging():
     from bilevel.drivers import programs
 
     problem = _cleaning_like_problem()  # 16 rows of 48 pixels, 3 classes
-    solver = bl.solvers.make("stocbio", batch_size=16, inner_steps=2, neumann_steps=3)
+    solver = bl.solvers.make(
+        "stocbio", lr_outer=0.01, batch_size=16, inner_steps=2, neumann_steps=3
+    )
     results, products = {}, {}
     for merge in (True, False):
         programs.clear_cache()

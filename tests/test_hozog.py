@@ -108,7 +108,7 @@ def test_never_differentiates_f(quad):
     y_n, y_pert = (numpy_inner_path(ref, x_, np.zeros(50), 0.1, N) for x_ in (0 * x_pert, x_pert))
     diff = numpy_f(ref, x_pert, y_pert) - numpy_f(ref, 0 * x_pert, y_n)
     np.testing.assert_allclose(new.x, -0.01 * diff / mu * u[0], rtol=1e-10)
-    pzobo = bl.solvers.make("pzobo", lr_inner=0.1)
+    pzobo = bl.solvers.make("pzobo", lr_outer=0.01, lr_inner=0.1)
     assert np.isnan(np.asarray(jax.jit(pzobo.step)(poisoned, state).x)).all()
 
 

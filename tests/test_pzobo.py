@@ -436,7 +436,9 @@ def test_no_inner_path_is_stored(quad):
     N (Q + 1) d * 8 bytes = 640 kB at N = 400): the scans carry only the current iterates."""
 
     def temp_bytes(N):
-        solver = bl.solvers.make("pzobo", lr_inner=0.1, inner_steps=N, num_directions=3)
+        solver = bl.solvers.make(
+            "pzobo", lr_outer=0.01, lr_inner=0.1, inner_steps=N, num_directions=3
+        )
         state = solver.init(quad, jax.random.PRNGKey(0))
         stats = jax.jit(solver.step).lower(quad, state).compile().memory_analysis()
         return stats.temp_size_in_bytes

@@ -100,7 +100,7 @@ def test_vmapped_seeds_compile_without_library_products():
     """10 vmapped seeds make (5 x 5) x (5 x 10) products of every matrix-vector product of one
     seed: without the rewrite XLA:CPU compiles them as library products (``dot``); with it,
     none is left."""
-    problem, solver = _small_problem(), bl.solvers.make("stocbio", lr_inner=0.1)
+    problem, solver = _small_problem(), bl.solvers.make("stocbio", lr_outer=0.01, lr_inner=0.1)
     texts = {}
     for small in (False, True):
         texts[small] = _chunk_text(problem, solver, 10, CpuRewrites(small_dots=small))

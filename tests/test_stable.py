@@ -428,7 +428,7 @@ def test_mu_g_auto_and_unresolved_errors(quad):
     (exact here: 1) and stays "auto" (it follows the run); a given mu_g_init is kept;
     lr_inner="auto" = 1/L_g = 0.1. Unresolved "auto" fails clearly in init; a problem that is
     not strongly convex refuses "auto"."""
-    solver = bl.solvers.make("stable")
+    solver = bl.solvers.make("stable", lr_outer=0.01)  # an "auto" lr_outer is tuned by bl.solve
     resolved = solver.resolve(quad)
     assert resolved.mu_g == "auto"
     assert resolved.mu_g_init == pytest.approx(0.5, rel=1e-8)

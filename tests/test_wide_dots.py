@@ -140,7 +140,7 @@ def test_solve_compiles_its_chunk_through_the_rewrite_on_cpu():
     from bilevel.drivers import programs
 
     problem = _cleaning_like_problem()
-    solver = bl.solvers.make("f2sa", batch_size=8, inner_steps=2)
+    solver = bl.solvers.make("f2sa", lr_outer=0.01, batch_size=8, inner_steps=2)
     results, narrow = {}, {}
     for name, options in (("on", CpuRewrites()), ("off", CpuRewrites.none())):
         programs.clear_cache()

@@ -78,6 +78,10 @@ def solve(
             again with the same arguments, resumes from the latest checkpoint and ends
             bit-identical to an uninterrupted run. The file is an ``.npz`` read with
             ``allow_pickle=False``. A checkpoint written under other ``cpu_rewrites`` is refused.
+            With ``lr_outer="auto"`` the tuning runs again (deterministically) before the run
+            resumes; its length follows ``steps``, so to extend a tuned run to more steps give
+            ``lr_outer=res.tuning.value`` (another tuning may choose another step, and the
+            checkpoint of a run with another step is refused).
         checkpoint_interval: minimum seconds between checkpoint writes (0 = every evaluation).
         progress: show progress on stderr: a bar (step count, rate, ETA) on a terminal, one
             line per evaluation otherwise; also says when a run resumes.
