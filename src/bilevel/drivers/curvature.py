@@ -4,9 +4,10 @@
 :meth:`bilevel.solvers.base.Solver.resolve` from the curvature at ``(x0, y0)``: ``c / L_g`` with
 the paper's constant c. When L_g grows with x (a per-feature ridge penalty ``exp(x_j) w_j^2``
 has ``L_g ~ 2 exp(max_j x_j)``), that step becomes unstable once x has moved, and the run
-diverges for that reason alone. So ``bl.solve`` re-estimates L_g at the iterates at every
-evaluation (between compiled chunks, so nothing is recompiled: the steps are numeric leaves of
-the solver) and multiplies every ``"auto"`` inner step by ``min(1, L_g(x0, y0) / L_g(x_k, y_k))``
+diverges for that reason alone. So ``bl.solve`` and ``bl.sweep`` re-estimate L_g at the
+iterates every ``bilevel.drivers.engine.ADAPT_EVERY`` (25) steps and at every evaluation
+(between compiled pieces, so nothing is recompiled: the steps are numeric leaves of the solver)
+and multiply every ``"auto"`` inner step by ``min(1, L_g(x0, y0) / L_g(x_k, y_k))``
 (the largest over the seeds): the rule ``c / L_g`` evaluated where the run is, never above the
 value at the start. Steps the user gave as numbers are left alone, and so is ``lr_outer``.
 
@@ -14,7 +15,9 @@ L_g is estimated by :data:`POWER_STEPS` power iterations on Hessian-vector produ
 (a fixed pseudo-random start) on the inner data, or on a fixed random subset of
 :data:`MAX_ROWS` rows of it; the same estimator at the start and along the run, so its bias
 cancels in the ratio. The rescaling is a deterministic function of the state at an evaluation,
-so a run resumed from a checkpoint rescales exactly as the uninterrupted one did.
+so a run resumed from a checkpoint rescales exactly as the uninterrupted one did. (The power
+iteration is the one ``bilevel.analysis.metrics.reference_hypergradient`` writes inline for its
+1/L step.)
 """
 
 from __future__ import annotations
