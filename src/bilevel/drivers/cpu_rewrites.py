@@ -126,7 +126,9 @@ def _defaults() -> CpuRewrites:
     if switches["wide_dots"] == "0":
         return CpuRewrites.none()
     on = in_tested_window() or switches["wide_dots"] == "1"
-    if not on and not any(value == "1" for value in switches.values()):
+    # on another backend the rewrites never apply (`_xla_cpu.applies`): nothing to warn about
+    quiet = any(value == "1" for value in switches.values()) or not _on_cpu()
+    if not on and not quiet:
         low, high = TESTED_JAX
         warn_once(
             "jax-version",
@@ -139,6 +141,14 @@ def _defaults() -> CpuRewrites:
     return CpuRewrites(
         **{name: value == "1" or (on and value != "0") for name, value in switches.items()}
     )
+
+
+def _on_cpu() -> bool:
+    """Whether JAX's default backend is the CPU (False when it cannot be read)."""
+    try:
+        return jax.default_backend() == "cpu"
+    except RuntimeError:
+        return False
 
 
 #: the keys :func:`warn_once` has warned about in this process
