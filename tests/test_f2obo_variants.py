@@ -92,7 +92,9 @@ def test_af2obo_matches_a_numpy_replica(cap):
 
 def test_af2obo_history_theory_thresholds_and_bad_input():
     problem = _quad(horizon=9, cond=2.0)
-    solver = bl.solvers.make("af2obo", lr_outer=0.1, lr_inner=0.3, delta_y="theory", tau=0.5)
+    solver = bl.solvers.make(
+        "af2obo", lr_outer=0.1, lr_inner=0.3, delta_y="theory", delta_z=0.1, tau=0.5
+    )
     assert solver.unresolved() == ["delta_y"]
     with pytest.raises(ValueError, match=r"delta_y='theory'.*not resolved"):
         solver.init(problem, jax.random.key(0))
@@ -202,8 +204,9 @@ def test_af2obo_levels_off_where_fixed_k_f2obo_grows_linearly_on_the_oscillating
 def test_sf2obo_defaults_are_f2obo():
     """With the constant schedules SF2OBO is F2OBO (same draws, iterates and counts)."""
     problem = _quad(stochastic=True, n_samples=20, drift_inner=0.3)
-    kw = dict(lr_outer=0.2, lr_inner=0.3, inner_steps=3, batch_size=4)
-    a = play_rounds(bl.solvers.make("sf2obo", **kw), problem, 3)[-1]
+    kw = dict(lr_outer=0.2, lr_inner=0.3, inner_steps=3, batch_size=4, tau=1.0)
+    constant = dict(inner_schedule="constant", batch_schedule="constant", b=None)  # old defaults
+    a = play_rounds(bl.solvers.make("sf2obo", **kw, **constant), problem, 3)[-1]
     b = play_rounds(bl.solvers.make("f2obo", **kw), problem, 3)[-1]
     np.testing.assert_array_equal(a.x, b.x)
     assert a.counts == b.counts
@@ -212,7 +215,9 @@ def test_sf2obo_defaults_are_f2obo():
 def test_sf2obo_theory_schedules():
     """Theorem 5.1 / Corollary 5.2 (tau = b = 1/6, a = 0): alpha_t = lr_inner, beta_t =
     lr_lagrangian / (lam1 t^b), K_t = ceil(4 kappa_g log t) in [1, cap], B_t = ceil(t^(2/3))."""
-    s = SF2OBO.corollary_5_2(lr_inner=0.5, lr_lagrangian=0.2, kappa_g=2.0, max_inner_steps=20)
+    s = SF2OBO.corollary_5_2(
+        lr_inner=0.5, lr_lagrangian=0.2, kappa_g=2.0, max_inner_steps=20, lr_outer=0.001
+    )
     t = jnp.array([1, 2, 10, 1000])
     sched = jax.vmap(s.schedule)(t)
     np.testing.assert_allclose(sched.alpha, 0.5)
@@ -220,7 +225,9 @@ def test_sf2obo_theory_schedules():
     np.testing.assert_allclose(sched.lam, 5.0 * np.array([1, 2, 10, 1000]) ** (1 / 6))
     assert list(jax.vmap(s.inner_steps_at)(t)) == [1, 6, 19, 20]  # 0 -> 1; 55.3 -> cap
     assert list(jax.vmap(lambda u: s.batch_size_at(u, 64))(t)) == [1, 2, 5, 64]
-    a = SF2OBO(lr_inner=0.5, a=0.5, b=0.25, tau=0.5, kappa_g=1.0, inner_schedule="theory")
+    a = SF2OBO(
+        lr_inner=0.5, a=0.5, b=0.25, tau=0.5, kappa_g=1.0, inner_schedule="theory", lr_outer=0.001
+    )
     np.testing.assert_allclose(a.schedule(4).alpha, 0.5 / 2)  # t^-a
     np.testing.assert_allclose(a.schedule(4).beta, 0.25 / (5.0 * 4**0.25))  # lam1 t^b
     # max(t^(b - tau), t^a) log t = 2 log 4
@@ -228,7 +235,9 @@ def test_sf2obo_theory_schedules():
     with pytest.raises(ValueError, match=r"inner_schedule='sometimes'\) is unknown"):
         SF2OBO(inner_schedule="sometimes")
     with pytest.raises(ValueError, match=r"kappa_g.*not resolved"):
-        SF2OBO.corollary_5_2(lr_inner=0.5).init(_quad(), jax.random.key(0))
+        SF2OBO.corollary_5_2(lr_inner=0.5, lr_outer=0.001, inner_steps=5).init(
+            _quad(), jax.random.key(0)
+        )
     with pytest.raises(ValueError, match=r"batch_schedule='theory'.*no held data"):
         SF2OBO.corollary_5_2(kappa_g=2.0).check_problem(_quad())
 

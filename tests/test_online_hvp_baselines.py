@@ -282,7 +282,7 @@ def test_sogd_shares_the_round_samples_with_its_correction():
     h_2(x_1, y_2, v_2) on round 2's samples differs from d_1, so it moves d_2."""
     problem, A, B, rho = _stream()
     o = _Oracles(A, B, rho)
-    solver = bl.solvers.make("sogd", lr_outer=0.2, lr_inner=0.3, batch_size=3)
+    solver = bl.solvers.make("sogd", lr_outer=0.2, lr_inner=0.3, lr_linear=0.1, batch_size=3)
     s1 = jax.jit(solver.round)(problem, solver.init(problem, jax.random.key(1)))
     (bo,), (_, _, bi_c) = _draws(problem, s1, 2, outer=1, inner=3, batch_size=3)
     h_old_round2 = o.h(np.asarray(s1.x_prev), np.asarray(s1.v), bo, bi_c)
@@ -342,8 +342,21 @@ def test_bad_hyperparameters_name_the_fix(name, kw, match):
 
 
 def test_registered_as_online_with_the_papers_defaults():
+    """The experiments' structural settings are the defaults; the step sizes are "auto" (issue
+    #33: 1/L_g for the inner steps, lr_outer tuned by bl.solve_online; the experiments' 0.1 and
+    0.001 are passed by the reproductions)."""
     assert {"aobo", "fsobo", "sogd"} <= set(bl.solvers.names("online"))
     aobo, sogd = bl.solvers.make("aobo"), bl.solvers.make("sogd")
-    assert (aobo.lr_inner, aobo.lr_outer, aobo.tolerance, aobo.linear_steps) == (0.1, 0.001, 0.1, 5)
-    assert (sogd.momentum, sogd.lr_linear, sogd.lr_inner, sogd.lr_outer) == (0.9, 0.1, 0.1, 0.001)
+    assert (aobo.lr_inner, aobo.lr_outer, aobo.tolerance, aobo.linear_steps) == (
+        "auto",
+        "auto",
+        0.1,
+        5,
+    )
+    assert (sogd.momentum, sogd.lr_linear, sogd.lr_inner, sogd.lr_outer) == (
+        0.9,
+        None,
+        "auto",
+        "auto",
+    )
     assert type(aobo).adaptive and not getattr(type(sogd), "adaptive", False)

@@ -1,20 +1,47 @@
-"""``solve_online``: ``solve``'s engine for streams of rounds.
+"""``solve_online``: ``solve``'s engine for streams of rounds, and the choice of
+``lr_outer="auto"`` by a short run on the first rounds.
 
 It is ``bl.solve``'s loop (:class:`bilevel.drivers.engine.Engine`): ``eval_every`` rounds run
 inside one compiled ``lax.scan`` vmapped over seeds, from the same compile cache, with the same
 seed handling, progress display, stop signals, history rows and counter totals, and the same
-divergence stop that keeps what was done. :class:`OnlineEngine` changes only the engine's hooks:
-its step program (:data:`bilevel.drivers.programs.ONLINE_ROUNDS`) returns every round's
-committed ``(x_t, y_t)``, counts and the solver's own metrics, and its ``record`` hook gives
-every round a history row, with the metrics and the regret term of the round (the bilevel local
-regret of Jia & Chen, "Fully first-order algorithms for online non-convex bilevel
-optimization", 2026, eq. (2); :mod:`bilevel.analysis.regret`) evaluated after the chunk by a
-second program, outside the timed region and the oracle counts.
+divergence stop that keeps what was done. :class:`~bilevel.drivers.rounds.OnlineEngine` changes
+only the engine's hooks: its step program (:data:`bilevel.drivers.programs.ONLINE_ROUNDS`)
+returns every round's committed ``(x_t, y_t)``, counts and the solver's own metrics, and its
+``record`` hook gives every round a history row, with the metrics and the regret term of the
+round (the bilevel local regret of Jia & Chen, "Fully first-order algorithms for online
+non-convex bilevel optimization", 2026, eq. (2); :mod:`bilevel.analysis.regret`) evaluated
+after the chunk by a second program, outside the timed region and the oracle counts.
+
+**The outer step.** Every online solver's ``lr_outer`` defaults to ``"auto"``. The solver's
+other settings are resolved first (``resolve_settings``: ``lr_inner="auto"`` and the horizon
+rules of each method's theorem), then :func:`tune_outer_step` chooses the step:
+
+1. **Bound**: the largest step at which the method's round map, linearised at (x0, y0) on the
+   first and the last round, is stable (``OnlineSolver.stable_outer_step``,
+   :mod:`bilevel.solvers.online.auto`: 2 / L_F for an exact gradient step, less with a window
+   of stored estimates or lagging inner iterates).
+2. **Candidates**: the bound times 2^-1, ..., 2^-8 (:data:`GRID_FRACTIONS`; for a state too
+   large for the Jacobian, 2^1, ..., 2^-6 times the step scale 1 / rho(dJ/dgamma)), each run
+   on the first :func:`tuning_rounds` rounds of the stream (a tenth of the horizon, at least 10
+   and at most 100) from the run's start and first seed, one compiled program for all of them.
+3. **Score**: the regret of those rounds (the run's regret oracle), or the sum of their outer
+   losses when the run has ``regret=None``; a candidate that diverged is dropped.
+4. **Choice**: the best score among the candidates whose next larger one was kept too (a step at
+   the edge of stability may diverge later), or the next larger when it scores within
+   ``bilevel.drivers.tuning.NEAR`` (1.5x) of the best, as ``bl.solve``'s tuning does.
+
+The record is a :class:`OnlineTuning` in ``res.tuning`` (the grid, scores, choice, the rounds,
+samples, oracle calls and seconds spent); the tuning's samples and oracle calls are added to
+every row of ``res.history`` (no free work: ``samples`` at round t is the tuning's plus the
+run's first t rounds). The choice is deterministic for a seed. A number given as ``lr_outer``
+is checked against the bound instead (``check_step=True``) and refused above it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,18 +55,30 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import ProblemKindError
 from bilevel.drivers.checks import check_convexity, check_on_divergence, check_seeds, check_steps
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
-from bilevel.drivers.engine import Chunk, Engine, Schedule
+from bilevel.drivers.engine import Schedule
 from bilevel.drivers.history import History
-from bilevel.drivers.programs import ONLINE_ROUNDS, ProgramSettings, init_states
+from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Outcome, drop_seed_axis, finish
-from bilevel.drivers.rounds import RoundEvaluation, rounds_program
+from bilevel.drivers.rounds import OnlineEngine, RoundEvaluation, play_first_rounds
+from bilevel.drivers.tuning import NEAR, Tuning
 from bilevel.solvers.base import Solver
 from bilevel.solvers.online.base import OnlineSolver
 
 PyTree = Any
 
-__all__ = ["solve_online", "OnlineResult", "OnlineEngine"]
+__all__ = [
+    "solve_online",
+    "OnlineResult",
+    "OnlineEngine",
+    "OnlineTuning",
+    "tune_outer_step",
+    "tuning_rounds",
+    "GRID_FRACTIONS",
+]
+
+#: the candidates: these fractions of the stable bound (module docstring)
+GRID_FRACTIONS = tuple(2.0**-k for k in range(1, 9))
 
 
 @dataclasses.dataclass
@@ -58,16 +97,20 @@ class OnlineResult(Outcome):
         regret_gamma: the gamma of G_X at each round (the solver's outer step gamma_t unless
             ``regret_step`` was given), shape (rounds,).
         history: one row per (seed, round): ``seed, round, samples, samples_outer,
-            samples_inner, oracle_calls``, the calls by kind (cumulative), ``seconds``
-            (cumulative solver time; a chunk's rounds share its time evenly, since they run
-            in one compiled program), the metrics at the committed (x_t, y_t) on round t's
-            data (``outer_loss``, ``inner_grad_norm``, the problem's own), the solver's
+            samples_inner, oracle_calls``, the calls by kind (cumulative, the tuning's
+            included when ``lr_outer`` was tuned), ``seconds`` (cumulative solver time of the
+            run; a chunk's rounds share its time evenly, since they run in one compiled
+            program), the metrics at the committed (x_t, y_t) on round t's data
+            (``outer_loss``, ``inner_grad_norm``, the problem's own), the solver's
             (``hypergrad_estimate_norm`` of round t's step), ``regret_term`` and ``regret``.
         x, y: the state after the last round (x_{T+1}, y_{T+1}); for a diverged seed its last
             finite state.
         state: the final solver state.
         diverged: seeds that diverged (empty if none).
-        message, solver, problem_name, seeds, rounds: what was run and how it ended.
+        message, solver, problem_name, seeds, rounds: what was run and how it ended
+            (``solver`` with every setting resolved, ``lr_outer`` the one used).
+        tuning: an :class:`OnlineTuning` when ``lr_outer`` was ``"auto"`` (what was tried and
+            what it cost), ``None`` when it was given.
     """
 
     xs: PyTree
@@ -77,6 +120,35 @@ class OnlineResult(Outcome):
     regret_oracle: str | None
     regret_gamma: np.ndarray
     rounds: int
+    tuning: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineTuning(Tuning):
+    """How ``bl.solve_online`` chose ``lr_outer="auto"`` (module docstring): ``bl.solve``'s
+    :class:`~bilevel.drivers.tuning.Tuning` (``value`` the choice, ``grid``, ``scores``,
+    ``dropped``, ``score`` = ``"regret"`` or ``"outer_loss"``, ``start_score`` = n times round
+    1's term, the score of standing still at x0 were the stream not drifting, ``steps`` = n,
+    the tuning rounds each candidate played, ``samples``, ``oracle_calls``, ``counts`` summed
+    over the candidates, ``seconds`` of wall time with the compilation), and:
+
+    Attributes:
+        seed: the seed the candidates ran with.
+        bound: the stable bound of ``lr_outer`` (``None`` when not computed).
+        scale: the step scale 1 / rho(dJ/dgamma) (1 / L_F for an exact gradient step).
+        how: how the bound was obtained, in words.
+    """
+
+    seed: int = 0
+    bound: float | None = None
+    scale: float = math.nan
+    how: str = ""
+
+
+def tuning_rounds(horizon: int) -> int:
+    """The rounds each candidate plays: a tenth of the horizon, at least 10 (or the horizon)
+    and at most 100."""
+    return int(min(horizon, max(10, min(100, math.ceil(horizon / 10)))))
 
 
 # ---- the driver ---------------------------------------------------------------------------
@@ -94,6 +166,7 @@ def solve_online(
     reference_steps: int = 2000,
     init: Callable[[jax.Array], tuple[PyTree, PyTree]] | None = None,
     cpu_rewrites: CpuRewrites | bool | None = None,
+    check_step: bool = True,
 ) -> OnlineResult:
     """Play the stream ``problem`` with the online ``solver`` for its ``horizon`` rounds.
 
@@ -119,14 +192,18 @@ def solve_online(
         reference_steps: gradient steps of the reference solve's inner problem.
         init: optional ``init(key) -> (x0, y0)``: a random start per seed, as in ``bl.solve``.
         cpu_rewrites: the XLA:CPU rewrites of the compiled rounds, as in :func:`bilevel.solve`.
+        check_step: refuse a numeric ``lr_outer`` above the solver's stable bound
+            (``OnlineSolver.check_outer_step``); ``False`` plays it anyway (to study a
+            divergence). ``lr_outer="auto"`` is tuned below the bound (module docstring).
 
     Returns:
-        An :class:`OnlineResult`.
+        An :class:`OnlineResult` (``res.tuning`` says how ``lr_outer="auto"`` was chosen).
 
     Raises:
         ProblemKindError: (a TypeError and a ValueError) when ``problem`` is not an
             ``OnlineProblem`` or ``solver`` is not an online solver, naming the fix.
-        ValueError: bad arguments; a non-finite start.
+        ValueError: bad arguments; a non-finite start; a numeric ``lr_outer`` above the
+            stable bound (naming the bound); ``lr_outer="auto"`` when every candidate diverged.
         Interrupted: on Ctrl-C or SIGTERM; its ``.result`` holds the rounds done.
     """
     _check_arguments(problem, solver, on_divergence, regret_step)
@@ -134,25 +211,153 @@ def solve_online(
     seed_list = check_seeds(seed, seeds, caller="solve_online")
     settings = ProgramSettings(cpu_rewrites=resolve(cpu_rewrites))
     solver.check_problem(problem)
-    solver = solver.with_horizon(problem.horizon).resolve(problem)
+    solver = solver.with_horizon(problem.horizon)
     oracle = None if regret is None else _regret.choose(problem, regret)
     check_convexity(problem.round_problem(1))
+    evaluation = RoundEvaluation(oracle, regret_step, reference_steps)
+    tuning = None
+    if isinstance(solver.lr_outer, str) and solver.lr_outer == "auto":
+        tuning = tune_outer_step(problem, solver, evaluation, seed_list[0], init, settings)
+        solver = dataclasses.replace(solver, lr_outer=tuning.value)
+    solver = solver.resolve(problem)
+    if check_step and tuning is None:
+        solver.check_outer_step(problem)
 
     state = init_states(solver, problem, seed_list, init)
-    history = History(seed_list)
+    history = History(seed_list, offset=None if tuning is None else tuning.counts)
     display = Progress(
         progress, problem.horizon, solver.name, problem.name, len(seed_list), unit="round"
     )
+    if tuning is not None:
+        display.note(tuning.summary())
     schedule = Schedule(problem.horizon, every, unit="round")
-    evaluation = RoundEvaluation(oracle, regret_step, reference_steps)
     engine = OnlineEngine(problem, solver, schedule, history, display, evaluation, settings)
     engine.start(state)
     try:
         state, stopped = engine.loop(state)
     finally:
         display.close()
-    result = engine.result(state, seed_axis=seeds is not None)
+    result = _result(engine, state, seeds is not None, tuning)
     return finish(result, stopped, None, on_divergence)
+
+
+def _result(engine: OnlineEngine, state, seed_axis: bool, tuning) -> OnlineResult:
+    """The :class:`OnlineResult`; ``seed_axis=False`` (one ``seed=``) drops the axis."""
+    xs, ys, terms, regret, gamma = engine.traces()
+    x, y = jax.device_get(engine.solver.output(state))
+    if not seed_axis:
+        xs, ys, terms, regret, x, y, state = drop_seed_axis((xs, ys, terms, regret, x, y, state))
+    problem = engine.problem
+    (x, y), (xs, ys) = problem.models(x, y), problem.models(xs, ys)
+    history = pd.DataFrame(engine.history.rows).rename(columns={"step": "round"})
+    diverged = engine.diverged_seeds()
+    oracle, steps = engine.evaluation.oracle, engine.evaluation.reference_steps
+    message = engine.message(diverged)
+    if tuning is not None and diverged:
+        smaller = [v for v in tuning.grid if v < tuning.value]
+        message += (
+            f" lr_outer={tuning.value:.3g} was chosen by a {tuning.steps}-round tuning run; "
+            f"give lr_outer={smaller[-1] if smaller else tuning.value / 2:.3g} (the next "
+            "smaller candidate) instead."
+        )
+    return OnlineResult(
+        xs=xs,
+        ys=ys,
+        regret=None if oracle is None else regret,
+        regret_terms=None if oracle is None else terms,
+        regret_oracle=None if oracle is None else _regret.describe(oracle, steps),
+        regret_gamma=gamma,
+        history=history,
+        x=x,
+        y=y,
+        state=state,
+        diverged=diverged,
+        message=message,
+        solver=engine.solver,
+        problem_name=problem.name,
+        seeds=engine.history.seeds,
+        rounds=engine.done,
+        tuning=tuning,
+    )
+
+
+# ---- lr_outer="auto" -------------------------------------------------------------------------
+def tune_outer_step(
+    problem: OnlineProblem,
+    solver: OnlineSolver,
+    evaluation: RoundEvaluation,
+    seed: int = 0,
+    init: Callable | None = None,
+    settings: ProgramSettings | None = None,
+) -> OnlineTuning:
+    """Choose ``lr_outer`` for ``solver`` on the first rounds of ``problem`` (module docstring).
+
+    Args:
+        problem: the stream.
+        solver: an online solver (its horizon set); ``lr_outer`` is replaced by each candidate
+            and its other settings resolved by ``resolve_settings``.
+        evaluation: the regret's oracle and gamma (:class:`RoundEvaluation`; its oracle
+            ``None``: the score is the outer loss).
+        seed, init: the start of every candidate (the run's first seed and its ``init``).
+        settings: the programs' settings (the run's CPU rewrites).
+
+    Raises:
+        ValueError: when every candidate diverged (naming what to give instead).
+    """
+    t0 = time.perf_counter()
+    base = solver.resolve_settings(problem)
+    bound = base.stable_outer_step(problem)
+    if bound.bound is not None:
+        grid = tuple(sorted(bound.bound * f for f in GRID_FRACTIONS))
+    else:
+        grid = tuple(sorted(bound.scale * 4.0 * f for f in GRID_FRACTIONS))
+    n, key = tuning_rounds(problem.horizon), "regret_term" if evaluation.oracle else "outer_loss"
+    play = (problem, n, evaluation, seed, init, settings, key)
+    runs = [  # (values of the score's column per round, counts, whether it played soundly)
+        play_first_rounds(dataclasses.replace(base, lr_outer=lr), *play) for lr in grid
+    ]
+    scores = [float(np.sum(values)) if alive else math.inf for values, _, alive in runs]
+    dropped = tuple("" if math.isfinite(s) else "diverged" for s in scores)
+    counts = {k: sum(r[1][k] for r in runs) for k in (*Counts._fields, "samples", "oracle_calls")}
+    kept = [i for i, d in enumerate(dropped) if not d]
+    if not kept:
+        raise ValueError(
+            f"{solver.name}: lr_outer='auto' found no stable step: every candidate from "
+            f"{grid[0]:.3g} to {grid[-1]:.3g} diverged within the first {n} rounds. Lower the "
+            f"inner steps (lr_inner={getattr(base, 'lr_inner', None)!r}) or give lr_outer as a "
+            "number."
+        )
+    best = _choice(scores, dropped)
+    return OnlineTuning(
+        field="lr_outer",
+        value=grid[best],
+        grid=grid,
+        scores=tuple(s if math.isfinite(s) else math.inf for s in scores),
+        dropped=dropped,
+        score="regret" if evaluation.oracle is not None else "outer_loss",
+        start_score=n * float(runs[0][0][0]) if len(runs[0][0]) else math.nan,
+        steps=n,
+        samples=counts.pop("samples"),
+        oracle_calls=counts.pop("oracle_calls"),
+        counts=counts,
+        seconds=time.perf_counter() - t0,
+        largest_stable=grid[max(kept)],
+        seed=seed,
+        bound=bound.bound,
+        scale=bound.scale,
+        how=bound.describe(),
+    )
+
+
+def _choice(scores: list[float], dropped: tuple[str, ...]) -> int:
+    """The best score among the kept candidates whose next larger one was kept too, or that
+    next larger one when it scores within ``NEAR`` of the best (module docstring, point 4)."""
+    kept = [i for i, d in enumerate(dropped) if not d]
+    safe = [i for i in kept if i + 1 == len(scores) or not dropped[i + 1]] or kept
+    best = min(safe, key=lambda i: scores[i])
+    if best + 1 in safe and scores[best + 1] <= NEAR * scores[best]:
+        best += 1
+    return best
 
 
 def _check_arguments(problem, solver, on_divergence, regret_step) -> None:
@@ -190,118 +395,3 @@ def _online_names() -> list[str]:
     from bilevel.solvers import names
 
     return names("online")
-
-
-class OnlineEngine(Engine):
-    """``solve``'s engine with chunks of rounds and one history row per round (its hooks
-    :meth:`step_program`, :meth:`record` and :meth:`start`; :mod:`bilevel.drivers.engine`).
-
-    Args:
-        problem, solver, schedule, history, display, settings: as :class:`Engine`'s.
-        evaluation: the builder of the program evaluating a chunk's trace.
-    """
-
-    def __init__(
-        self,
-        problem: OnlineProblem,
-        solver: OnlineSolver,
-        schedule: Schedule,
-        history: History,
-        display: Progress,
-        evaluation: RoundEvaluation,
-        settings: ProgramSettings | None = None,
-    ):
-        super().__init__(problem, solver, schedule, history, display, settings=settings)
-        self.evaluation = evaluation
-        self.chunks: list[tuple] = []  # per chunk: (xs, ys, terms, regret, gamma)
-        self.regret_total = np.zeros(len(history.seeds))  # per seed, the cumulative regret
-
-    def start(self, state) -> None:
-        """Refuse a non-finite start (x_1, y_1) with the seeds it concerns."""
-        x, y = jax.device_get(self.solver.output(state))
-        leaves = [np.asarray(a).reshape(a.shape[0], -1) for a in jax.tree.leaves((x, y))]
-        finite = np.all([np.isfinite(a).all(axis=1) for a in leaves], axis=0)
-        if not finite.all():
-            bad = [s for s, ok in zip(self.history.seeds, finite, strict=True) if not ok]
-            raise ValueError(
-                f"the starting point (x_1, y_1) is not finite for seeds {bad} (NaN/inf); check "
-                "x0, y0 and init."
-            )
-
-    def step_program(self, state, length: int):
-        """The chunk of ``length`` rounds; ``(state, trace, finite)``."""
-        return self.program(ONLINE_ROUNDS, state, length, rounds_program)
-
-    def record(self, output, chunk: Chunk):
-        """Evaluate the chunk's trace and give each of its rounds a row."""
-        new_state, trace, end_finite = output
-        how = self.evaluation
-        evaluate = self.program(how.kind, trace, chunk.length, how)
-        evaluated = jax.device_get(evaluate(self.problem, trace))
-        self._rounds(jax.device_get(trace), *evaluated, chunk)
-        return new_state, np.asarray(end_finite)
-
-    def _rounds(self, trace, metrics, terms, gammas, finite, chunk: Chunk):
-        """The rows of a chunk's rounds, the cumulative regret, and its iterates (NaN once a
-        seed diverged)."""
-        seeds, alive = self.history.seeds, self.history.alive
-        kept = np.zeros((len(seeds), chunk.length), bool)
-        regret = np.full((len(seeds), chunk.length), np.nan)
-        for r in range(chunk.length):
-            t = chunk.first + r + 1
-            self.regret_total = np.where(alive, self.regret_total + terms[:, r], np.nan)
-            row_metrics = {k: v[:, r] for k, v in metrics.items()}
-            if self.evaluation.oracle is not None:
-                row_metrics |= {"regret_term": terms[:, r], "regret": self.regret_total}
-            counts = Counts(*(np.asarray(c)[:, r] for c in trace.counts))
-            seconds = chunk.seconds + chunk.elapsed * (r + 1) / chunk.length
-            ok = self.history.record(row_metrics, counts, finite[:, r], t, seconds)
-            for i in np.flatnonzero(alive & ~ok):
-                self.diverged_at[seeds[i]] = t
-            alive &= ok
-            kept[:, r] = alive
-            regret[:, r] = np.where(alive, self.regret_total, np.nan)
-
-        def mask(a):
-            a = np.asarray(a, float)
-            return np.where(kept.reshape(kept.shape + (1,) * (a.ndim - 2)), a, np.nan)
-
-        xs, ys = jax.tree.map(mask, trace.x), jax.tree.map(mask, trace.y)
-        self.chunks.append((xs, ys, np.where(kept, terms, np.nan), regret, gammas[0]))
-
-    def result(self, state, seed_axis: bool) -> OnlineResult:
-        """The :class:`OnlineResult`; ``seed_axis=False`` (one ``seed=``) drops the axis."""
-
-        def join(i):
-            parts = [c[i] for c in self.chunks]
-            return jax.tree.map(lambda *a: np.concatenate(a, axis=1), *parts)
-
-        xs, ys, terms, regret = (join(i) for i in range(4))
-        gamma = np.concatenate([c[4] for c in self.chunks]) if self.chunks else np.zeros(0)
-        x, y = jax.device_get(self.solver.output(state))
-        if not seed_axis:
-            xs, ys, terms, regret, x, y, state = drop_seed_axis(
-                (xs, ys, terms, regret, x, y, state)
-            )
-        (x, y), (xs, ys) = self.problem.models(x, y), self.problem.models(xs, ys)
-        history = pd.DataFrame(self.history.rows).rename(columns={"step": "round"})
-        diverged = self.diverged_seeds()
-        oracle, steps = self.evaluation.oracle, self.evaluation.reference_steps
-        return OnlineResult(
-            xs=xs,
-            ys=ys,
-            regret=None if oracle is None else regret,
-            regret_terms=None if oracle is None else terms,
-            regret_oracle=None if oracle is None else _regret.describe(oracle, steps),
-            regret_gamma=gamma,
-            history=history,
-            x=x,
-            y=y,
-            state=state,
-            diverged=diverged,
-            message=self.message(diverged),
-            solver=self.solver,
-            problem_name=self.problem.name,
-            seeds=self.history.seeds,
-            rounds=self.done,
-        )

@@ -1,10 +1,12 @@
-"""The programs of ``bl.solve_online``: a chunk of rounds, and the evaluation of its trace.
+"""The engine of ``bl.solve_online`` and its programs: a chunk of rounds, and the evaluation
+of its trace.
 
-Both are per-seed builders ``build(spec) -> fn(solver, problem, state)`` that
-:func:`bilevel.drivers.programs.program` maps over the seeds and compiles (the engine's
-``step_program`` and ``record`` hooks, :class:`bilevel.drivers.online.OnlineEngine`). The
-evaluation gives, for every round t, the metrics at the committed ``(x_t, y_t)`` and the term
-||G_X(x_t, grad F_t(x_t), gamma)||^2 of the bilevel local regret of Jia & Chen, "Fully
+Both programs are per-seed builders ``build(spec) -> fn(solver, problem, state)`` that
+:func:`bilevel.drivers.programs.program` maps over the seeds and compiles (the
+``step_program`` and ``record`` hooks of :class:`OnlineEngine`, ``bl.solve``'s
+:class:`~bilevel.drivers.engine.Engine` with chunks of rounds and a history row per round).
+The evaluation gives, for every round t, the metrics at the committed ``(x_t, y_t)`` and the
+term ||G_X(x_t, grad F_t(x_t), gamma)||^2 of the bilevel local regret of Jia & Chen, "Fully
 first-order algorithms for online non-convex bilevel optimization" (2026), eq. (2)
 (:mod:`bilevel.analysis.regret`).
 """
@@ -17,16 +19,34 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bilevel.analysis import regret as _regret
 from bilevel.analysis.metrics import loss_metrics
+from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.oracles import Counts
 from bilevel.core.tree import tree_allfinite
-from bilevel.drivers.programs import ProgramSpec, float_leaves_finite
+from bilevel.drivers.engine import Chunk, Engine, Schedule
+from bilevel.drivers.history import History
+from bilevel.drivers.programs import (
+    ONLINE_ROUNDS,
+    ProgramSettings,
+    ProgramSpec,
+    float_leaves_finite,
+)
+from bilevel.drivers.progress import Progress
+from bilevel.solvers.online.base import OnlineSolver
 
 PyTree = Any
 
-__all__ = ["EVAL_BATCH", "RoundTrace", "RoundEvaluation", "rounds_program"]
+__all__ = [
+    "EVAL_BATCH",
+    "OnlineEngine",
+    "RoundTrace",
+    "RoundEvaluation",
+    "rounds_program",
+    "play_first_rounds",
+]
 
 #: rounds evaluated side by side (``lax.map``'s batch) after each chunk: the dense regret
 #: oracle holds one Hessian per round of a batch
@@ -111,3 +131,117 @@ def _round_evaluation(problem, solver, t, x, y, how: RoundEvaluation):
         return metrics, jnp.full((), jnp.nan, gamma.dtype), gamma
     grad = _regret.hypergradient(problem, how.oracle, t, x, y, how.reference_steps)
     return metrics, _regret.regret_term(problem.x_set, x, grad, gamma), gamma
+
+
+class OnlineEngine(Engine):
+    """``solve``'s engine with chunks of rounds and one history row per round (its hooks
+    :meth:`step_program`, :meth:`record` and :meth:`start`; :mod:`bilevel.drivers.engine`).
+
+    Args:
+        problem, solver, schedule, history, display, settings: as :class:`Engine`'s.
+        evaluation: the builder of the program evaluating a chunk's trace.
+    """
+
+    def __init__(
+        self,
+        problem: OnlineProblem,
+        solver: OnlineSolver,
+        schedule: Schedule,
+        history: History,
+        display: Progress,
+        evaluation: RoundEvaluation,
+        settings: ProgramSettings | None = None,
+    ):
+        super().__init__(problem, solver, schedule, history, display, settings=settings)
+        self.evaluation = evaluation
+        self.chunks: list[tuple] = []  # per chunk: (xs, ys, terms, regret, gamma)
+        self.regret_total = np.zeros(len(history.seeds))  # per seed, the cumulative regret
+
+    def start(self, state) -> None:
+        """Refuse a non-finite start (x_1, y_1) with the seeds it concerns."""
+        x, y = jax.device_get(self.solver.output(state))
+        leaves = [np.asarray(a).reshape(a.shape[0], -1) for a in jax.tree.leaves((x, y))]
+        finite = np.all([np.isfinite(a).all(axis=1) for a in leaves], axis=0)
+        if not finite.all():
+            bad = [s for s, ok in zip(self.history.seeds, finite, strict=True) if not ok]
+            raise ValueError(
+                f"the starting point (x_1, y_1) is not finite for seeds {bad} (NaN/inf); check "
+                "x0, y0 and init."
+            )
+
+    def step_program(self, state, length: int):
+        """The chunk of ``length`` rounds; ``(state, trace, finite)``."""
+        return self.program(ONLINE_ROUNDS, state, length, rounds_program)
+
+    def record(self, output, chunk: Chunk):
+        """Evaluate the chunk's trace and give each of its rounds a row."""
+        new_state, trace, end_finite = output
+        how = self.evaluation
+        evaluate = self.program(how.kind, trace, chunk.length, how)
+        evaluated = jax.device_get(evaluate(self.problem, trace))
+        self._rounds(jax.device_get(trace), *evaluated, chunk)
+        return new_state, np.asarray(end_finite)
+
+    def _rounds(self, trace, metrics, terms, gammas, finite, chunk: Chunk):
+        """The rows of a chunk's rounds, the cumulative regret, and its iterates (NaN once a
+        seed diverged)."""
+        seeds, alive = self.history.seeds, self.history.alive
+        kept = np.zeros((len(seeds), chunk.length), bool)
+        regret = np.full((len(seeds), chunk.length), np.nan)
+        for r in range(chunk.length):
+            t = chunk.first + r + 1
+            self.regret_total = np.where(alive, self.regret_total + terms[:, r], np.nan)
+            row_metrics = {k: v[:, r] for k, v in metrics.items()}
+            if self.evaluation.oracle is not None:
+                row_metrics |= {"regret_term": terms[:, r], "regret": self.regret_total}
+            counts = Counts(*(np.asarray(c)[:, r] for c in trace.counts))
+            seconds = chunk.seconds + chunk.elapsed * (r + 1) / chunk.length
+            ok = self.history.record(row_metrics, counts, finite[:, r], t, seconds)
+            for i in np.flatnonzero(alive & ~ok):
+                self.diverged_at[seeds[i]] = t
+            alive &= ok
+            kept[:, r] = alive
+            regret[:, r] = np.where(alive, self.regret_total, np.nan)
+
+        def mask(a):
+            a = np.asarray(a, float)
+            return np.where(kept.reshape(kept.shape + (1,) * (a.ndim - 2)), a, np.nan)
+
+        xs, ys = jax.tree.map(mask, trace.x), jax.tree.map(mask, trace.y)
+        self.chunks.append((xs, ys, np.where(kept, terms, np.nan), regret, gammas[0]))
+
+    def traces(self) -> tuple:
+        """``(xs, ys, regret terms, cumulative regret, gamma)`` of the rounds played, joined
+        over the chunks (a leading seed axis; NaN after a seed diverged)."""
+
+        def join(i):
+            parts = [c[i] for c in self.chunks]
+            return jax.tree.map(lambda *a: np.concatenate(a, axis=1), *parts)
+
+        xs, ys, terms, regret = (join(i) for i in range(4))
+        gamma = np.concatenate([c[4] for c in self.chunks]) if self.chunks else np.zeros(0)
+        return xs, ys, terms, regret, gamma
+
+
+def play_first_rounds(solver, problem, n: int, evaluation, seed: int, init, settings, key: str):
+    """Play the first ``n`` rounds of ``problem`` with ``solver`` (one seed, no display): a
+    trial of ``bl.solve_online``'s tuning. ``(per-round values of the history column key,
+    counts at the last round, whether the seed played all n rounds soundly)``."""
+    from bilevel.drivers.programs import init_states
+
+    state = init_states(solver, problem, [seed], init)
+    history = History([seed])
+    display = Progress(False, n, solver.name, problem.name, 1, unit="round")
+    schedule = Schedule(n, n, unit="round")
+    engine = OnlineEngine(problem, solver, schedule, history, display, evaluation, settings)
+    engine.start(state)
+    _, stopped = engine.loop(state)
+    if stopped is not None:
+        raise KeyboardInterrupt(stopped)
+    rows = history.rows
+    values = np.array([r[key] for r in rows], float)
+    counts = {
+        k: int(rows[-1][k]) if rows else 0 for k in (*Counts._fields, "samples", "oracle_calls")
+    }
+    alive = bool(history.alive[0]) and len(rows) == n and bool(np.all(np.isfinite(values)))
+    return values, counts, alive

@@ -73,8 +73,10 @@ class AF2OBO(PenaltyOnlineSolver):
     ``max_inner_steps`` there. The gradient a test evaluates is the one its step uses.
 
     Args:
-        lr_outer: gamma, the constant x step; default 0.001 (Experiment 1, Appendix A).
-            Theorem 4.1: gamma <= 1/(2 L_F).
+        lr_outer: gamma, the constant x step; default ``"auto"`` (as F2OBO: tuned by
+            ``bl.solve_online`` below the stable bound of the round map; a quarter of the
+            bound, Theorem 4.1's gamma <= 1/(2 L_F) for an exact step, from ``resolve``
+            alone). Experiment 1 used 0.001.
         lr_inner: alpha, the z step; default ``"auto"`` = 1/L_g (``bl.diagnose`` on round 1,
             Theorem 4.1's alpha <= 1/L_{g,1}); Experiment 1 used 0.1.
         lr_lagrangian: beta_t = lr_lagrangian / lam_t; default ``None`` = ``lr_inner / 2``, i.e.
@@ -86,12 +88,16 @@ class AF2OBO(PenaltyOnlineSolver):
             stochastic norms, which the paper does not analyse: a lucky draw can stop a loop
             early, and a delta below the noise level runs every round to the cap.
         lam1: lambda_1, default 5 (Experiment 1); Theorem 4.1 asks lam1 > 2 L_{f,1}/mu_g.
-        tau: lam_t = lam1 t^tau, default 1 (Experiment 1; O(1 + V_T) regret with O(T^3)
-            iterations); tau = 1/2 gives O(log T + V_T) with O(T^2 + T H_{2,T}).
-        delta_y: the y tolerance, default 0.5 (Experiment 1), or ``"theory"``: Theorem 4.1's
-            delta_y = T^-1/2 with T = ``problem.horizon`` (filled in by :meth:`resolve`).
-        delta_z: the z tolerance, default 0.1 (Experiment 1), or ``"theory"``: delta_z =
-            T^-(1+2 tau)/2. Numbers are traced leaves (a new value does not recompile).
+        tau: lam_t = lam1 t^tau, default 1/2 (Sec. 4.2's choice): O(log T + V_T) regret with
+            O(T^2 + T H_{2,T}) inner iterations (Theorem 4.1; Experiment 1's tau = 1 gives
+            O(1 + V_T) with O(T^3)).
+        delta_y: the y tolerance, default ``"theory"``: Theorem 4.1's delta_y = T^-1/2 with
+            T = ``problem.horizon`` (filled in by :meth:`resolve_settings`), or a positive
+            float (Experiment 1 used 0.5).
+        delta_z: the z tolerance, default ``"theory"``: delta_z = T^-(1+2 tau)/2 (Theorem
+            4.1), or a float (Experiment 1 used 0.1). Numbers are traced leaves (a new value
+            does not recompile). Experiment 1's (0.5, 0.1) leave a hypergradient error up to
+            2 delta_y / mu_g + lam_t delta_z / mu_g (eqs. (10)-(11)), which does not vanish.
         max_inner_steps: the cap on each loop per round, default 1000 (the paper has none;
             Theorem 4.1's thresholds T^-1/2 and T^-(1+2 tau)/2 can sit below float
             resolution for large T, and then need one).
@@ -100,8 +106,8 @@ class AF2OBO(PenaltyOnlineSolver):
     ``+ I_y + 1`` (y loop) ``+ 2`` (ghat) and ``grad_f = I_y + 1 + 1``; no second-order calls.
     """
 
-    delta_y: float | str = 0.5
-    delta_z: float | str = 0.1
+    delta_y: float | str = THEORY
+    delta_z: float | str = THEORY
     max_inner_steps: int = 1000
 
     name: ClassVar[str] = "af2obo"
@@ -139,15 +145,18 @@ class AF2OBO(PenaltyOnlineSolver):
         theory = [n for n in ("delta_y", "delta_z") if getattr(self, n) == THEORY]
         return super().unresolved() + theory
 
-    def resolve(self, problem) -> AF2OBO:
+    def resolve_settings(self, problem) -> AF2OBO:
         """``lr_inner="auto"`` as every online solver, and ``"theory"`` thresholds from
-        ``problem.horizon`` (:meth:`thresholds`)."""
-        solver = super().resolve(problem)
+        ``problem.horizon`` (:meth:`thresholds`, Theorem 4.1)."""
+        solver = super().resolve_settings(problem)
         delta_y, delta_z = solver.thresholds(problem.horizon)
         fill = {"delta_y": delta_y, "delta_z": delta_z}
         return dataclasses.replace(
             solver, **{n: v for n, v in fill.items() if getattr(solver, n) == THEORY}
         )
+
+    def outer_step_hint(self) -> str:
+        return ", or smaller delta_y and delta_z (their hypergradient error grows with lam_t)"
 
     def init(self, problem, key: jax.Array) -> AF2OBOState:
         zero = jnp.zeros((), jnp.int32)

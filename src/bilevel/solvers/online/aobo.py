@@ -60,8 +60,8 @@ class HypergradientRound(OnlineSolver):
     """The round shared by AOBO and FSOBO: y steps on g_t, ``linear_steps`` steps on the linear
     system from the previous v, one projected x step with the implicit hypergradient."""
 
-    lr_outer: Any = 0.001
-    lr_inner: Any = 0.1
+    lr_outer: Any = "auto"
+    lr_inner: Any = "auto"
     lr_linear: Any = None
     batch_size: int | None = None
 
@@ -152,9 +152,12 @@ class AOBO(HypergradientRound):
     which cites AOBO for it); the rest is inferred (module docstring).
 
     Args:
-        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A, Experiment 1: "all algorithms
-            use ... an outer learning rate gamma = 0.001").
-        lr_inner: alpha, default 0.1 (the same sentence: "an inner learning rate alpha = 0.1").
+        lr_outer: gamma, default ``"auto"``: tuned by ``bl.solve_online`` below the stable
+            bound of the round map (``bilevel.drivers.online``); a number above it is refused.
+            (F2OBO paper, Appendix A, Experiment 1: "all algorithms use ... an outer learning
+            rate gamma = 0.001".)
+        lr_inner: alpha, default ``"auto"`` = 1/L_g of round 1 (the same sentence: "an inner
+            learning rate alpha = 0.1").
         lr_linear: beta, the linear-system step; ``None`` (default) = ``lr_inner``. Not reported
             by either paper for AOBO [inferred: SOBA's tie of the v step to the y step].
         tolerance: delta of the stopping test, default 0.1 (Experiment 1: "For AOBO, we set

@@ -13,7 +13,14 @@ driver:
   of that round in ``state.counts``;
 * ``output(state) -> (x_t, y_t)``: the decisions committed for round ``state.t``;
 * ``outer_lr(t)``: the x step gamma_t of round t, the default gamma of the regret's gradient
-  mapping G_X(x_t, grad F_t(x_t), gamma).
+  mapping G_X(x_t, grad F_t(x_t), gamma);
+* ``resolve(problem)``: the settings that depend on the stream filled in (``"auto"`` and the
+  theorems' horizon rules, from ``problem.horizon``; :meth:`OnlineSolver.resolve`).
+
+``lr_outer="auto"`` is every online solver's default: ``bl.solve_online`` tunes it on the first
+rounds (``bilevel.drivers.online``); ``resolve`` alone takes a quarter of the method's stable
+bound (:meth:`OnlineSolver.stable_outer_step`), which is Theorems 3.1 and 4.1's largest step
+gamma = 1 / (2 L_F) for an exact hypergradient step.
 
 The state is a typed ``NamedTuple`` with at least ``x``, ``y``, ``t`` (int32 round), ``key``,
 ``counts`` and ``outer_state``. ``bl.solve_online`` owns the loop over rounds.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 import jax
@@ -32,6 +40,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import ProblemKindError
 from bilevel.core.schedules import round_step_size
 from bilevel.solvers.base import Solver, _is_auto
+from bilevel.solvers.online import auto
 
 __all__ = ["OnlineSolver"]
 
@@ -41,6 +50,18 @@ class OnlineSolver(Solver):
     """Base class of the online solvers (see the module docstring)."""
 
     online: ClassVar[bool] = True
+    auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_inner", "lr_outer")
+    #: none is left to ``bl.tune``: :meth:`resolve` fills ``lr_outer="auto"`` by its rule and
+    #: ``bl.solve_online`` tunes it on the first rounds of the stream
+    tuned_step_sizes: ClassVar[tuple[str, ...]] = ()
+    #: ``lr_outer="auto"`` without tuning (:meth:`resolve` alone): this fraction of the stable
+    #: bound, 1/4: gamma = 1 / (2 L_F) for an exact gradient step (bound 2 / L_F), the largest
+    #: step of Theorems 3.1 and 4.1 (Jia & Chen, arXiv:2602.11665)
+    auto_outer_fraction: ClassVar[float] = 0.25
+    #: linearise the round map by central differences rather than forward mode
+    #: (:meth:`stable_outer_step`): for a round that holds a value constant with
+    #: ``stop_gradient``, which forward mode would read as no dependence
+    linearise_by_differences: ClassVar[bool] = False
 
     @abc.abstractmethod
     def round(self, problem, state: Any) -> Any:
@@ -74,15 +95,79 @@ class OnlineSolver(Solver):
             t, key, getattr(self, "batch_size", None), outer=outer, inner=inner
         )
 
+    def _check_fields(self) -> None:
+        """The common checks, with ``inner_steps="auto"`` (a horizon rule, :meth:`resolve`)
+        allowed where a method declares it."""
+        if _is_auto(getattr(self, "inner_steps", None)):
+            probe = object.__new__(type(self))
+            probe.__dict__.update(self.__dict__, inner_steps=1)
+            return Solver._check_fields(probe)
+        return super()._check_fields()
+
     def resolve(self, problem) -> OnlineSolver:
-        """This solver with ``lr_inner="auto"`` filled in: ``auto_inner_factor / L_g``, with L_g
-        estimated by ``bl.diagnose`` on round 1 at (x0, y0) (``problem.round_problem(1)``)."""
+        """This solver with every setting that depends on the stream filled in:
+        :meth:`resolve_settings` (``lr_inner="auto"`` and the horizon rules of each method),
+        then ``lr_outer="auto"`` as ``auto_outer_fraction`` of the stable bound
+        (:meth:`stable_outer_step`; ``bl.solve_online`` tunes it instead, on the first rounds).
+        """
+        solver = self.resolve_settings(problem)
+        if not _is_auto(solver.lr_outer):
+            return solver
+        bound = solver.stable_outer_step(problem)
+        top = bound.scale if bound.bound is None else bound.bound
+        return dataclasses.replace(solver, lr_outer=float(self.auto_outer_fraction * top))
+
+    def resolve_settings(self, problem) -> OnlineSolver:
+        """Everything :meth:`resolve` fills in but ``lr_outer``: here ``lr_inner="auto"`` =
+        ``auto_inner_factor / L_g``, L_g estimated by ``bl.diagnose`` on round 1 at (x0, y0)
+        (``problem.round_problem(1)``); a method adds its own rules (calling this first)."""
         if _is_auto(getattr(self, "lr_inner", None)):
             from bilevel.analysis.diagnose import auto_inner_step
 
             step = auto_inner_step(problem.round_problem(1), self.auto_inner_factor)
             return dataclasses.replace(self, lr_inner=step)
         return self
+
+    # ---- the outer step ------------------------------------------------------------------
+    def stable_outer_step(self, problem) -> auto.StepBound:
+        """The largest ``lr_outer`` at which this solver's round map, linearised at (x0, y0),
+        is stable (``bilevel.solvers.online.auto``; the classical 2 / L_F for an exact gradient
+        step). Everything but ``lr_outer`` must be resolved (:meth:`resolve_settings`).
+
+        Raises:
+            ValueError: for an ``outer_optimizer`` other than "sgd" and "momentum" (the
+                update is then not linear in ``lr_outer``).
+        """
+        if self.outer_optimizer not in ("sgd", "momentum"):
+            raise ValueError(
+                f"{type(self).__name__}(outer_optimizer={self.outer_optimizer!r}) has no stable "
+                "bound for lr_outer (its update is not linear in lr_outer), so lr_outer='auto' "
+                "cannot be resolved; give lr_outer as a number."
+            )
+        return auto.stable_outer_step(dataclasses.replace(self, lr_outer=1.0), problem)
+
+    def check_outer_step(self, problem) -> None:
+        """Refuse a numeric ``lr_outer`` above :meth:`stable_outer_step`'s bound (ValueError
+        naming the bound and the fix). Skipped for a schedule, an outer optimizer other than
+        "sgd" or "momentum", and a state too large for the Jacobian (no bound)."""
+        lr = self.lr_outer
+        if callable(lr) or self.outer_optimizer not in ("sgd", "momentum"):
+            return
+        lr, bound = float(lr), self.stable_outer_step(problem)
+        if bound.bound is None or lr <= bound.bound:
+            return
+        raise ValueError(
+            f"{type(self).__name__}(lr_outer={lr:g}) exceeds the stable bound {bound.bound:.3g} "
+            f"of {self.name!r} on {problem.name} (the largest step at which "
+            f"{bound.describe()}, stays stable; 2 / L_F for an exact gradient step): use "
+            f"lr_outer <= {_round_down(bound.bound)} or "
+            f"'auto'{self.outer_step_hint()}."
+        )
+
+    def outer_step_hint(self) -> str:
+        """What else widens the stable range of ``lr_outer``, for :meth:`check_outer_step`'s
+        message (e.g. more inner steps); empty by default."""
+        return ""
 
     def check_problem(self, problem) -> None:
         """Refuse anything but a :class:`bilevel.OnlineProblem` this solver can play (a problem
@@ -127,3 +212,9 @@ class OnlineSolver(Solver):
                     f"batch_size={bs} is larger than the {label} data of a round ({n} samples); "
                     f"use batch_size <= {n} or None for whole rounds."
                 )
+
+
+def _round_down(value: float) -> str:
+    """``value`` rounded down to 2 significant digits, as text (a bound to quote)."""
+    digits = 1 - math.floor(math.log10(value))
+    return f"{math.floor(value * 10**digits) / 10**digits:g}"

@@ -33,6 +33,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.schedules import round_step_size
 from bilevel.solvers.base import OuterState
 from bilevel.solvers.common import penalty_inner_loop, penalty_x_gradient
+from bilevel.solvers.online import auto
 from bilevel.solvers.online.base import OnlineSolver
 from bilevel.solvers.registry import register
 
@@ -66,12 +67,12 @@ class PenaltyOnlineSolver(OnlineSolver):
     lam_t = lam1 t^tau and the round schedule (:meth:`schedule`). Not registered itself; each
     subclass writes its own ``round`` (fields documented on :class:`F2OBO`)."""
 
-    lr_outer: Any = 0.001
+    lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     lr_lagrangian: Any = None
     batch_size: int | None = None
     lam1: float = 5.0
-    tau: float = 1.0
+    tau: float = 0.5
 
     optional_step_sizes: ClassVar[tuple[str, ...]] = ("lr_lagrangian",)
     #: whether gamma_t decays like t^-tau (Theorem 3.2's single-loop rule) or stays lr_outer
@@ -102,6 +103,34 @@ class PenaltyOnlineSolver(OnlineSolver):
         """gamma_t: ``lr_outer`` (F2OBO), or ``lr_outer t^-tau`` (F2OBO-SL)."""
         return round_step_size(self.lr_outer, t, self.tau if self.outer_decays else 0.0)
 
+    def inner_contraction(self, problem) -> float:
+        """rho = max(rho_y, rho_z) of Theorem 3.1 (its proof, eqs. (17) and (19)): the
+        contraction of squared distances per inner step, rho_z = 1 - alpha mu_g for the z step
+        on g_t and rho_y = 1 - beta_t lam_t mu_g / 2 for the y step on L_t = f_t + lam_t g_t,
+        which is (lam_t mu_g / 2)-strongly convex and (2 lam_t L_g)-smooth for lam_t >=
+        2 L_{f,1} / mu_g, with mu_g and L_g from ``bl.diagnose`` on round 1
+        (``bilevel.solvers.online.auto.inner_contraction``; needs numeric steps)."""
+        from bilevel.analysis.diagnose import strong_convexity
+
+        mu, L = strong_convexity(
+            problem.round_problem(1),
+            f"{type(self).__name__}(inner_steps='auto') needs mu_g and L_g (Theorem 3.1's rho)",
+            "give inner_steps as an int",
+        )
+        alpha = float(round_step_size(self.lr_inner, 1))  # a schedule: its first round's
+        lagrangian = self.lr_lagrangian
+        lagrangian = alpha / 2 if lagrangian is None else float(round_step_size(lagrangian, 1))
+        rho_z = auto.inner_contraction(alpha, mu, L)
+        rho_y = auto.inner_contraction(lagrangian, mu / 2, 2 * L)  # beta_t lam_t = lagrangian
+        return max(rho_y, rho_z)
+
+    def theory_inner_steps(self, problem) -> int:
+        """Theorem 3.1's K for the run's horizon T = ``problem.horizon``: the least K with
+        2 rho^K <= rho and lam_T^2 rho^K <= 1, lam_T = lam1 T^tau (:meth:`inner_contraction`;
+        ``bilevel.solvers.online.auto.penalty_inner_steps``): K = O(tau log T)."""
+        lam_last = float(self.lam1) * float(problem.horizon) ** float(self.tau)
+        return auto.penalty_inner_steps(lam_last, self.inner_contraction(problem))
+
 
 @register("f2obo")
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +151,12 @@ class F2OBO(PenaltyOnlineSolver):
     round ahead). z_1 = y_1 = y0.
 
     Args:
-        lr_outer: gamma, the x step (a float, or a schedule of the round t). Default 0.001, the
-            paper's Experiment 1 (Appendix A); Theorem 3.1 asks gamma <= 1/(2 L_F) and a
-            constant that needs unknown constants.
+        lr_outer: gamma, the x step (a float, or a schedule of the round t). Default
+            ``"auto"``: ``bl.solve_online`` tunes it on the first rounds, over a grid below the
+            stable bound of the round map (``bilevel.drivers.online``); ``resolve`` alone
+            takes a quarter of that bound, Theorem 3.1's gamma <= 1/(2 L_F) for an exact
+            gradient step. A number above the bound is refused by ``bl.solve_online``. (The
+            paper's Experiment 1 used 0.001.)
         lr_inner: alpha, the z step on g_t (a float or a schedule of t). Default ``"auto"``:
             1/L_g with L_g estimated by ``bl.diagnose`` on round 1 (Theorem 3.1: alpha <=
             1/L_{g,1}); Experiment 1 used 0.1.
@@ -137,23 +169,42 @@ class F2OBO(PenaltyOnlineSolver):
             round). With minibatches the draws follow Algorithm 3 (SF2OBO): at inner step k one
             inner batch zeta_k feeds both the z and the y step and one outer batch xi_k the y
             step; ghat uses a fresh xi and a fresh zeta shared by both g terms.
-        inner_steps: K, the z and y steps per round. Default 5 (Experiment 1); Theorem 3.1 asks
-            K = O(tau log T).
+        inner_steps: K, the z and y steps per round. Default ``"auto"``: Theorem 3.1's
+            K >= max{1 - ln 2 / ln rho, (ln c - 2 tau ln T) / ln rho} for the run's horizon
+            T, with lam_T^2 rho^K <= c = 1 (:meth:`theory_inner_steps`): K = O(tau log T).
+            (Experiment 1 used 5, which diverges once lam_t = 5t outgrows it.)
         lam1: lambda_1, default 5 (Experiments 1 and 2); theory asks lam1 > 2 L_{f,1}/mu_g.
-        tau: the growth exponent of lam_t = lam1 t^tau, default 1 (the experiments): regret
-            O(1 + V_T + H_{2,T}) for tau > 1/2 (Theorem 3.1). tau = 0 keeps lam constant (not
-            covered by the theory).
+        tau: the growth exponent of lam_t = lam1 t^tau, default 1/2: Theorem 3.1's regret is
+            O(T^(1 - 2 tau)) below 1/2, O(log T + V_T + H_{2,T}) at 1/2 and O(1 + V_T +
+            H_{2,T}) above, with K growing like tau log T, so 1/2 is the least tau without a
+            polynomial bias term and needs the fewest inner steps among them. (The
+            experiments used 1.) tau = 0 keeps lam constant (not covered by the theory).
 
     Per-round counts: ``grad_f = K + 1``, ``grad_g = 2K + 2``, no second-order calls.
     """
 
-    inner_steps: int = 5
+    inner_steps: int | str = "auto"
 
     name: ClassVar[str] = "f2obo"
     paper: ClassVar[str] = (
         "Jia, Chen. Fully First-Order Algorithms for Online Non-Convex Bilevel Optimization. "
         "arXiv:2602.11665, 2026, Algorithm 1."
     )
+
+    def resolve_settings(self, problem) -> F2OBO:
+        """``lr_inner="auto"`` as every online solver, then ``inner_steps="auto"`` by
+        Theorem 3.1's rule for ``problem.horizon`` (:meth:`theory_inner_steps`)."""
+        solver = super().resolve_settings(problem)
+        if solver.inner_steps == "auto" and solver.uses_inner_steps():
+            solver = dataclasses.replace(solver, inner_steps=solver.theory_inner_steps(problem))
+        return solver
+
+    def uses_inner_steps(self) -> bool:
+        """Whether ``inner_steps`` sets K (SF2OBO's theory schedule sets K_t instead)."""
+        return True
+
+    def outer_step_hint(self) -> str:
+        return ", or more inner_steps (the inner errors are amplified by lam_t = lam1 t^tau)"
 
     def init(self, problem, key: jax.Array) -> F2OBOState:
         return F2OBOState(

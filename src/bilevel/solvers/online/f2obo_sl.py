@@ -27,7 +27,9 @@ class F2OBOSingleLoop(F2OBO):
     theorem's gamma_t ~ 1/(lam_1 t^tau)); beta_t = lr_lagrangian / lam_t with the default
     lr_lagrangian = lr_inner / 2 giving the theorem's beta_t = 1/(2 lam_t L_g) at
     lr_inner = 1/L_g. Regret O(T^(1/3) (1 + V_T) + T^(2/3) P_T) at tau = 1/3 (eq. (8)).
-    ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1).
+    ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1). Nothing here depends on the
+    horizon T (Theorem 3.2's schedules are in t), so no default follows it; ``lr_outer`` is
+    ``"auto"`` as for F2OBO (gamma_1, the step of round 1, which bounds every later gamma_t).
     """
 
     inner_steps: int = 1
@@ -39,6 +41,9 @@ class F2OBOSingleLoop(F2OBO):
         "arXiv:2602.11665, 2026, Theorem 3.2."
     )
     outer_decays: ClassVar[bool] = True
+
+    def outer_step_hint(self) -> str:
+        return ""
 
     def validate(self) -> None:
         super().validate()

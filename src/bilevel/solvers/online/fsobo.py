@@ -36,8 +36,9 @@ class FSOBO(HypergradientRound):
     O(1 + V_T + H_{2,T} + E_{2,T}), which one step of each per round matches.
 
     Args:
-        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A: "all algorithms").
-        lr_inner: alpha, default 0.1 (the same).
+        lr_outer: gamma, default ``"auto"`` (tuned by ``bl.solve_online`` below the stable
+            bound of the round map; F2OBO paper, Appendix A: 0.001 for "all algorithms").
+        lr_inner: alpha, default ``"auto"`` = 1/L_g of round 1 (Appendix A: 0.1).
         lr_linear: beta; ``None`` (default) = ``lr_inner`` [inferred, not reported].
         batch_size: ``None`` = the whole round; else one inner batch each for the y step, the
             Hessian product and the cross term, one outer batch for both partials of f.

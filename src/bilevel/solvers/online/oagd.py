@@ -67,9 +67,11 @@ class OAGD(OnlineSolver):
     (x_t, y_{t+1}) (module docstring).
 
     Args:
-        lr_outer: gamma, the x step. Default 0.001 (the OAGD code's ``outer_lr``; also the
-            F2OBO paper's).
-        lr_inner: alpha, the y step. Default 0.1 (the code's ``inner_lr``); ``"auto"`` = 1/L_g.
+        lr_outer: gamma, the x step. Default ``"auto"``: tuned by ``bl.solve_online`` below
+            the stable bound of the round map (``bilevel.drivers.online``); a number above it
+            is refused. (The OAGD code's ``outer_lr`` and the F2OBO paper's: 0.001.)
+        lr_inner: alpha, the y step. Default ``"auto"`` = 1/L_g of round 1 (the code's
+            ``inner_lr`` is 0.1).
         batch_size: minibatch size (``None`` = whole rounds): y step k uses inner draw k of
             round t; window member i draws one outer and one inner batch of round t - i (the
             inner one for both its Hessian and its cross term).
@@ -85,8 +87,8 @@ class OAGD(OnlineSolver):
     member's draws. The counts grow over the first w rounds (``adaptive``).
     """
 
-    lr_outer: Any = 0.001
-    lr_inner: Any = 0.1
+    lr_outer: Any = "auto"
+    lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 5
     linsolve_steps: int = 10

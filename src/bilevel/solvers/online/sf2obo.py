@@ -36,6 +36,8 @@ from bilevel.solvers.registry import register
 __all__ = ["SF2OBO", "masked_mean_loss"]
 
 SCHEDULES = ("constant", "theory")
+#: ``batch_schedule="auto"``: "theory" on a stream with held per-round samples, else "constant"
+BATCH_SCHEDULES = (*SCHEDULES, "auto")
 
 
 def masked_mean_loss(fn):
@@ -72,25 +74,33 @@ class SF2OBO(F2OBO):
     r"""SF2OBO (Jia & Chen, arXiv:2602.11665, Algorithm 3): F2OBO on minibatches, with
     Theorem 5.1's schedules available.
 
-    Defaults are Experiment 2's configuration (Appendix A: K = 5, lam1 = 5, tau = 1, inner lr
-    alpha = 0.1, outer lr gamma = 0.001, batch 256): ``inner_steps=5``, ``lam1=5``, ``tau=1``,
-    ``lr_outer=0.001``, with ``lr_inner="auto"`` (1/L_g, the library's convention; give 0.1
-    for the experiment) and ``batch_size=None`` (whole rounds; 256 in the experiment). With
-    those it is F2OBO exactly (same draws, same counts).
+    Defaults are Corollary 5.2's configuration, Theorem 5.1's schedules at tau = b = 1/6,
+    a = 0: K_t = ceil(4 kappa_g log t) (``inner_schedule="theory"``), B_t = Bhat_t =
+    ceil(t^(2/3)) where the stream holds per-round samples (``batch_schedule="auto"``; whole
+    rounds on a deterministic stream), alpha_t = lr_inner = 1/L_g (``"auto"``), beta_t =
+    lr_lagrangian / (lam1 t^b) = 1/(2 lam1 L_g t^b), lr_outer ``"auto"`` (as F2OBO):
+    E[BLReg(T)] = O(T^(2/3) (1 + sigma^2) + V_T + H_{2,T}). Experiment 2's configuration (K = 5,
+    lam1 = 5, tau = 1, alpha = 0.1, gamma = 0.001, batch 256) is ``inner_schedule="constant",
+    batch_schedule="constant", b=None, inner_steps=5, tau=1.0, lr_inner=0.1,
+    lr_outer=0.001, batch_size=256``: F2OBO exactly (same draws, same counts).
 
     Args:
-        lr_outer, lr_inner, lr_lagrangian, batch_size, inner_steps, lam1, tau: as F2OBO
+        lr_outer, lr_inner, lr_lagrangian, batch_size, lam1: as F2OBO
             (:class:`~bilevel.solvers.online.f2obo.F2OBO`); ``lr_inner`` is alpha_1 and
             ``lr_lagrangian`` (default ``lr_inner / 2``) is beta_1 lam1.
+        tau: lam_t = lam1 t^tau, default 1/6 (Corollary 5.2; Theorem 5.1 asks tau < 1/2).
+        inner_steps: K with ``inner_schedule="constant"``; default ``"auto"``, F2OBO's
+            Theorem 3.1 rule for the horizon.
         a: alpha_t = lr_inner t^-a (Theorem 5.1: alpha_t = 1/(L_g t^a)); default 0.
-        b: beta_t = lr_lagrangian / (lam1 t^b) (Theorem 5.1: 1/(2 lam1 L_g t^b)); default
-            ``None`` = F2OBO's lr_lagrangian / lam_t (the same at b = tau).
-        inner_schedule: ``"constant"`` (K_t = inner_steps) or ``"theory"``: K_t =
-            ceil(4 kappa_g max(t^(b - tau), t^a) log t) clamped to [1, max_inner_steps] (it is
-            0 at t = 1, since log 1 = 0).
-        batch_schedule: ``"constant"`` (every draw has batch_size samples) or ``"theory"``:
-            B_t = Bhat_t = ceil(t^batch_power) samples, at most ``batch_size`` (the cap;
-            ``None`` = the round's samples). Needs held data (not a sampler).
+        b: beta_t = lr_lagrangian / (lam1 t^b) (Theorem 5.1: 1/(2 lam1 L_g t^b)); default 1/6
+            (Corollary 5.2); ``None`` = F2OBO's lr_lagrangian / lam_t (the same at b = tau).
+        inner_schedule: ``"theory"`` (default): K_t = ceil(4 kappa_g max(t^(b - tau), t^a)
+            log t) clamped to [1, max_inner_steps] (it is 0 at t = 1, since log 1 = 0), or
+            ``"constant"`` (K_t = inner_steps).
+        batch_schedule: ``"auto"`` (default): ``"theory"`` where the stream holds per-round
+            samples (held data, not a sampler), else ``"constant"``; ``"theory"``: B_t =
+            Bhat_t = ceil(t^batch_power) samples, at most ``batch_size`` (the cap; ``None`` =
+            the round's samples); ``"constant"``: every draw has batch_size samples.
         batch_power: the exponent of B_t, default 2/3 (Corollary 5.2's B_1 = B_2).
         kappa_g: L_g / mu_g of K_t; default ``None`` = estimated by ``bl.diagnose`` on round 1
             when ``inner_schedule="theory"`` (as ``lr_inner="auto"``).
@@ -100,10 +110,11 @@ class SF2OBO(F2OBO):
     level (B_t = batch_size with the constant schedule).
     """
 
+    tau: float = 1 / 6
     a: float = 0.0
-    b: float | None = None
-    inner_schedule: str = "constant"
-    batch_schedule: str = "constant"
+    b: float | None = 1 / 6
+    inner_schedule: str = "theory"
+    batch_schedule: str = "auto"
     batch_power: float = 2 / 3
     kappa_g: float | None = None
     max_inner_steps: int = 50
@@ -125,7 +136,7 @@ class SF2OBO(F2OBO):
 
     def validate(self) -> None:
         super().validate()
-        self._check_choices(inner_schedule=SCHEDULES, batch_schedule=SCHEDULES)
+        self._check_choices(inner_schedule=SCHEDULES, batch_schedule=BATCH_SCHEDULES)
         for name in ("a", "batch_power"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"SF2OBO({name}={getattr(self, name)!r}) must be >= 0.")
@@ -140,14 +151,24 @@ class SF2OBO(F2OBO):
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"SF2OBO(max_inner_steps={steps!r}) must be a positive int.")
 
-    def unresolved(self) -> list[str]:
-        missing = self.inner_schedule == "theory" and self.kappa_g is None
-        return super().unresolved() + (["kappa_g"] if missing else [])
+    def uses_inner_steps(self) -> bool:
+        return self.inner_schedule == "constant"
 
-    def resolve(self, problem) -> SF2OBO:
-        """``lr_inner="auto"``, and kappa_g = L_g / mu_g from ``bl.diagnose`` on round 1 when
-        the theory K_t needs it."""
-        solver = super().resolve(problem)
+    def unresolved(self) -> list[str]:
+        """F2OBO's, ``kappa_g`` when the theory K_t needs it, and not ``inner_steps`` when the
+        theory K_t replaces it."""
+        theory = self.inner_schedule == "theory"
+        names = [n for n in super().unresolved() if not (theory and n == "inner_steps")]
+        return names + (["kappa_g"] if theory and self.kappa_g is None else [])
+
+    def resolve_settings(self, problem) -> SF2OBO:
+        """F2OBO's settings (``lr_inner``, ``inner_steps``), kappa_g = L_g / mu_g from
+        ``bl.diagnose`` on round 1 when the theory K_t needs it, and ``batch_schedule="auto"``
+        (``"theory"`` on held per-round samples, else ``"constant"``)."""
+        solver = super().resolve_settings(problem)
+        if solver.batch_schedule == "auto":
+            held = not _no_held_data(problem)
+            solver = dataclasses.replace(solver, batch_schedule="theory" if held else "constant")
         if solver.inner_schedule == "theory" and solver.kappa_g is None:
             from bilevel.analysis.diagnose import strong_convexity
 
@@ -162,10 +183,7 @@ class SF2OBO(F2OBO):
     def check_problem(self, problem) -> None:
         super().check_problem(problem)
         if self.batch_schedule == "theory":
-            from bilevel.core.streams import is_sampler
-
-            data = [problem.outer_data, problem.inner_data]
-            if all(d is None for d in data) or any(is_sampler(d) for d in data):
+            if _no_held_data(problem):
                 raise ValueError(
                     f"SF2OBO(batch_schedule='theory') draws B_t = ceil(t^p) of round t's held "
                     f"samples, but {problem.name} has no held data (deterministic or a "
@@ -218,3 +236,11 @@ class SF2OBO(F2OBO):
         f = f if mb.outer_data is None else masked_mean_loss(f)
         g = g if mb.inner_data is None else masked_mean_loss(g)
         return f, g, batches, per_outer, per_inner
+
+
+def _no_held_data(problem) -> bool:
+    """Whether ``problem`` has no held per-round samples (deterministic, or a sampler)."""
+    from bilevel.core.streams import is_sampler
+
+    data = [problem.outer_data, problem.inner_data]
+    return all(d is None for d in data) or any(is_sampler(d) for d in data)

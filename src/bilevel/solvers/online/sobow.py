@@ -59,8 +59,12 @@ class SOBOW(OnlineSolver):
     eta-weighted window average of the last w stored hypergradient estimates (module docstring).
 
     Args:
-        lr_outer: gamma, the x step. Default 0.001 (F2OBO paper, Experiment 1).
-        lr_inner: alpha, the y step. Default 0.1 (the same); ``"auto"`` = 1/L_g of round 1.
+        lr_outer: gamma, the x step. Default ``"auto"``: tuned by ``bl.solve_online`` below
+            the stable bound of the round map, which the window of stored estimates lowers
+            about w-fold (``bilevel.drivers.online``); a number above it is refused. (F2OBO's
+            Experiment 1 used 0.001.)
+        lr_inner: alpha, the y step. Default ``"auto"`` = 1/L_g of round 1 (``bl.diagnose``);
+            Experiment 1 used 0.1.
         lr_linsys: beta, the linear-system step; ``None`` (default) = ``lr_inner`` (beta <
             2 / L_g is needed for the steps to contract).
         batch_size: minibatch size of every draw (``None`` = the whole round): y step k uses
@@ -76,8 +80,8 @@ class SOBOW(OnlineSolver):
     Per-round counts: ``grad_f = 1``, ``grad_g = K``, ``hvp = N``, ``cross = 1``.
     """
 
-    lr_outer: Any = 0.001
-    lr_inner: Any = 0.1
+    lr_outer: Any = "auto"
+    lr_inner: Any = "auto"
     lr_linsys: Any = None
     batch_size: int | None = None
     inner_steps: int = 1

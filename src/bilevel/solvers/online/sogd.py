@@ -80,9 +80,11 @@ class SOGD(OnlineSolver):
     and the order of the updates are NOT verified against the paper (module docstring).
 
     Args:
-        lr_outer: gamma, default 0.001 (F2OBO paper, Appendix A, Experiment 2).
-        lr_inner: alpha, default 0.1 (the same).
-        lr_linear: beta, the linear-system step, default 0.1 (Experiment 2: "the linear-system
+        lr_outer: gamma, default ``"auto"`` (tuned by ``bl.solve_online`` below the stable
+            bound of the round map; F2OBO paper, Appendix A, Experiment 2: 0.001).
+        lr_inner: alpha, default ``"auto"`` = 1/L_g of round 1 (Experiment 2: 0.1).
+        lr_linear: beta, the linear-system step, default ``None`` = ``lr_inner`` (the system's
+            matrix is d2g/dy2, whose curvature is L_g's; Experiment 2: "the linear-system
             learning rate beta = 0.1").
         momentum: eta, the weight on the past, in [0, 1), default 0.9 (Experiment 2: "the
             momentum coefficient eta = 0.9"). A float leaf.
@@ -96,9 +98,9 @@ class SOGD(OnlineSolver):
     round costs the same.
     """
 
-    lr_outer: Any = 0.001
-    lr_inner: Any = 0.1
-    lr_linear: Any = 0.1
+    lr_outer: Any = "auto"
+    lr_inner: Any = "auto"
+    lr_linear: Any = None
     momentum: float = 0.9
     direction: str = "storm"
     batch_size: int | None = None
@@ -109,6 +111,7 @@ class SOGD(OnlineSolver):
         "Zeroth- and First-Order Bilevel Optimization. arXiv:2511.01126, 2025."
     )
     directions: ClassVar[tuple[str, ...]] = ("storm", "heavy_ball")
+    optional_step_sizes: ClassVar[tuple[str, ...]] = ("lr_linear",)
 
     def validate(self) -> None:
         self._check_choices(direction=self.directions)
@@ -132,7 +135,7 @@ class SOGD(OnlineSolver):
         key, batch_key = jax.random.split(state.key)
         mb = self.round_batches(problem, t, batch_key, outer=1, inner=3)
         alpha = round_step_size(self.lr_inner, t)
-        beta = round_step_size(self.lr_linear, t)
+        beta = round_step_size(self.lr_inner if self.lr_linear is None else self.lr_linear, t)
         y = tree_axpy(-alpha, oracles.grad_y(g, x, state.y, mb.inner(0)), state.y)
         v, h = linear_system_hypergradient(
             f,

@@ -1,0 +1,171 @@
+"""Online solvers with their defaults (issue #33): every setting that the theory ties to the
+horizon T follows the run's horizon, ``lr_outer="auto"`` is tuned by ``bl.solve_online`` below
+the stable bound of the method's round map, and a numeric ``lr_outer`` either tracks the stream
+or is refused with the bound and the fix.
+
+The stream of the tracking test is a drifting quadratic of 400 rounds whose outer level is
+well conditioned (rho_x = 3, so mu_F >= 3 and L_F ~ 11): there a step of 0.01 can settle
+within the horizon (plain gradient descent on the exact F_t ends at 0.013 of the regret of
+standing still) and 0.3 exceeds 2 / L_F, so both ends of [0.01, 0.3] are meaningful. On the
+streams of tests/online_settings_*.py (mu_F ~ 0.19) no method can reach 0.1 with a step of
+0.01 in 400 rounds: exact gradient descent on F_t itself ends at 0.29 there.
+
+Measured 2026-11-26 (float64, seed 0) on this stream, ratio to standing still at default /
+0.01 / 0.3: af2obo 0.0053 / 0.015 / refused, aobo 0.0030 / 0.013 / refused, f2obo 0.0027 /
+0.015 / refused, f2obo-sl 0.0040 / 0.020 / refused, fsobo 0.0042 / 0.020 / 0.0042, oagd
+0.0043 / 0.017 / refused, obbo 0.0025 / 0.013 / refused, sf2obo 0.0036 / 0.016 / refused,
+sobbo 0.017 / 0.021 / refused, sobow 0.023 / 0.025 / refused, sogd 0.0042 / 0.020 / 0.0042.
+"""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import bilevel as bl
+from bilevel.analysis import regret as _regret
+
+ONLINE = bl.solvers.names("online")
+HORIZON = 400
+#: dims 2 and 3 keep the eleven solvers' compilations short (the whole module ~1 min on 2 cores)
+STREAM = dict(
+    dx=2,
+    dy=3,
+    horizon=HORIZON,
+    cond=3.0,
+    rho_x=3.0,
+    coupling=1.5,
+    drift_inner=0.02,
+    drift_outer=0.02,
+    seed=5,
+)
+#: the tuning plays tuning_rounds(400) = 40 rounds per candidate: the same chunk length for the
+#: run shares its compiled programs
+EVERY = bl.drivers.online.tuning_rounds(HORIZON)
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return bl.problems.drifting_quadratic(**STREAM)
+
+
+def standing_still(problem) -> float:
+    """The regret of the constant sequence x_t = x0, by the driver's definition (eq. (2) of
+    Jia & Chen, arXiv:2602.11665, with the closed-form grad F_t, as ``regret="auto"`` picks)."""
+
+    def term(t):
+        grad = _regret.hypergradient(problem, "closed form", t, problem.x0, problem.y0, 0)
+        return _regret.regret_term(problem.x_set, problem.x0, grad, 1.0)
+
+    return float(np.sum(jax.vmap(term)(np.arange(1, problem.horizon + 1))))
+
+
+def _play(problem, name, **kw):
+    return bl.solve_online(problem, bl.solvers.make(name, **kw), progress=False, eval_every=EVERY)
+
+
+@pytest.mark.parametrize("name", ONLINE)
+def test_defaults_and_explicit_steps_track_or_are_refused(name, stream):
+    """Default, lr_outer = 0.01 and lr_outer = 0.3: a regret at most 0.1 of standing still, or a
+    ValueError that names the stable bound and the fix."""
+    still = standing_still(stream)
+    res = _play(stream, name)
+    assert res.ok, res.message
+    assert res.regret[-1] <= 0.1 * still, (name, "default", res.regret[-1] / still)
+    tuning = res.tuning
+    assert tuning.value in tuning.grid and res.solver.lr_outer == tuning.value
+    assert tuning.bound is not None and max(tuning.grid) < tuning.bound
+    for lr in (0.01, 0.3):
+        try:
+            res = _play(stream, name, lr_outer=lr)
+        except ValueError as err:
+            msg = str(err)
+            assert f"lr_outer={lr:g}) exceeds the stable bound" in msg and "'auto'" in msg, msg
+            bound = float(msg.split("lr_outer <= ")[1].split(" ")[0])
+            assert bound < lr
+            continue
+        assert res.ok and res.tuning is None, (name, lr, res.message)
+        assert res.regret[-1] <= 0.1 * still, (name, lr, res.regret[-1] / still)
+
+
+def test_tuning_is_deterministic_and_counted(stream):
+    """The same seed chooses the same step from the same scores; the tuning's samples and
+    oracle calls are in every history row (no free work)."""
+    first, second = (_play(stream, "fsobo") for _ in range(2))
+    a, b = first.tuning, second.tuning
+    assert a.value == b.value and a.grid == b.grid and a.scores == b.scores
+    assert a.value in a.grid and a.score == "regret" and a.steps == EVERY and a.seed == 0
+    assert a.samples == 0 and a.oracle_calls > 0  # deterministic stream: no samples drawn
+    assert len(a.grid) == 8 and all(
+        np.isfinite(s) or d for s, d in zip(a.scores, a.dropped, strict=True)
+    )
+    h = first.history
+    fixed = bl.solve_online(
+        stream,
+        bl.solvers.make("fsobo", lr_outer=a.value),
+        progress=False,
+        eval_every=EVERY,
+    )
+    np.testing.assert_array_equal(first.xs, fixed.xs)  # the run starts afresh from x0
+    calls = h.oracle_calls.to_numpy() - fixed.history.oracle_calls.to_numpy()
+    assert (calls == a.oracle_calls).all()
+
+
+def test_a_too_large_step_names_the_bound_and_check_step_false_plays_it(stream):
+    """SOBOW's window of stored estimates lowers its stable bound far below 2 / L_F."""
+    solver = bl.solvers.make("sobow", lr_outer=0.3)
+    with pytest.raises(ValueError, match=r"exceeds the stable bound .* use lr_outer <= .*'auto'"):
+        bl.solve_online(stream, solver, progress=False)
+    with pytest.warns(bl.DivergenceWarning):  # unstable, as the bound said
+        res = bl.solve_online(stream, solver, progress=False, eval_every=EVERY, check_step=False)
+    assert not res.ok
+
+
+def test_horizon_rules_follow_the_run():
+    """F2OBO's K (Theorem 3.1, O(tau log T)), OBBO's K (O(log T)), AF2OBO's thresholds
+    (Theorem 4.1) and SF2OBO's batch schedule are settled from problem.horizon."""
+
+    def quad(horizon, **kw):
+        return bl.problems.drifting_quadratic(dx=2, dy=3, horizon=horizon, cond=4.0, **kw)
+
+    def resolved(name, problem):
+        return bl.solvers.make(name, lr_outer=0.01).resolve(problem)
+
+    long_stream = quad(10_000)
+    short, long = resolved("f2obo", quad(10)), resolved("f2obo", long_stream)
+    assert 1 <= short.inner_steps < long.inner_steps
+    lam_last, rho = 5.0 * 10_000**0.5, long.inner_contraction(long_stream)
+    assert lam_last**2 * rho**long.inner_steps <= 1.0 < lam_last**2 * rho ** (long.inner_steps - 1)
+    assert resolved("obbo", quad(10)).inner_steps < resolved("obbo", long_stream).inner_steps
+    af = resolved("af2obo", quad(400))
+    assert af.delta_y == pytest.approx(400**-0.5) and af.delta_z == pytest.approx(400**-1.0)
+    assert resolved("sf2obo", quad(40)).batch_schedule == "constant"  # deterministic
+    noisy = resolved("sf2obo", quad(40, stochastic=True, n_samples=16))
+    assert noisy.batch_schedule == "theory" and noisy.inner_schedule == "theory"
+
+
+def test_the_bound_is_where_the_method_starts_to_diverge(stream):
+    """Outside solve_online, ``resolve`` fills lr_outer="auto" with a quarter of the stable
+    bound (Theorems 3.1 and 4.1's 1 / (2 L_F) for an exact gradient step); the bound itself is
+    sharp on a quadratic stream, whose round maps are affine: F2OBO tracks at 0.9 times it and
+    diverges at 1.15 times it."""
+    resolved = bl.solvers.make("f2obo").with_horizon(HORIZON).resolve(stream)
+    bound = resolved.stable_outer_step(stream).bound
+    assert resolved.lr_outer == pytest.approx(bound / 4)
+    below = bl.solve_online(
+        stream,
+        dataclasses.replace(resolved, lr_outer=0.9 * bound),
+        progress=False,
+        eval_every=EVERY,
+    )
+    assert below.ok
+    with pytest.warns(bl.DivergenceWarning):
+        above = bl.solve_online(
+            stream,
+            dataclasses.replace(resolved, lr_outer=1.15 * bound),
+            progress=False,
+            eval_every=EVERY,
+            check_step=False,
+        )
+    assert not above.ok
