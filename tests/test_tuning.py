@@ -178,8 +178,62 @@ def test_a_tuned_step_that_diverges_in_the_run_is_retried_smaller(quadratic, mon
     res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=200, progress=False)
     assert res.ok
     assert res.tuning.retries == (1e4,) and res.tuning.value == 0.1
+    assert res.tuning.retry_reasons == ("diverged",)
     fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.1), 200, progress=False)
     np.testing.assert_array_equal(np.asarray(res.x), np.asarray(fixed.x))
     assert res.tuning.oracle_calls > 0  # the diverged run's calls
     delta = res.history["oracle_calls"].to_numpy() - fixed.history["oracle_calls"].to_numpy()
     assert np.all(delta == res.tuning.oracle_calls)
+
+
+def _fake_tuning(value, grid, scores):
+    return tuning_module.Tuning(
+        field="lr_outer", value=value, grid=grid, scores=scores, dropped=("",) * len(grid),
+        score="grad_norm", start_score=2.0, steps=10, samples=0, oracle_calls=0,
+        counts=dict.fromkeys(bl.oracles.Counts._fields, 0), seconds=0.0, largest_stable=value,
+    )  # fmt: skip
+
+
+def test_a_run_that_ends_worse_than_its_tuning_run_is_retried_smaller(quadratic, monkeypatch):
+    """Drift: the full run with the chosen step ends with a larger ||grad F|| than the tuning
+    run of that step reached (here a tuning score no run can beat), so bl.solve runs again with
+    the next smaller candidate; that one's run ends below its own tuning score: no more
+    retries."""
+    import bilevel.drivers.solve as solve_module
+
+    fake = _fake_tuning(0.1, (0.01, 0.1), (10.0, 1e-30))
+    monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
+    res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=100, progress=False)
+    assert res.ok and res.tuning.retries == (0.1,) and res.tuning.value == 0.01
+    assert res.tuning.retry_reasons == ("drifted",)
+    assert "0.1 drifted in the run" in res.tuning.summary()
+    fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.01), 100, progress=False)
+    np.testing.assert_array_equal(np.asarray(res.x), np.asarray(fixed.x))
+
+
+def test_a_run_that_ends_at_or_below_its_tuning_score_is_kept(quadratic, monkeypatch):
+    import bilevel.drivers.solve as solve_module
+
+    fake = _fake_tuning(0.1, (0.01, 0.1), (10.0, 10.0))
+    monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
+    res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=100, progress=False)
+    assert res.tuning.retries == () and res.tuning.value == 0.1
+
+
+def test_drift_is_judged_on_the_exact_gradient_where_the_run_did_not_record_it():
+    """A user problem without a ``grad_norm`` metric: the final score is the exact
+    ``||grad F(x)||`` at the run's last x (bl.metrics.hypergradient), per seed."""
+    problem = _ridge(seed=3)
+    res = bl.solve(
+        problem, bl.solvers.make("f2sa", lr_outer=0.1), steps=50, seeds=[0, 1], progress=False
+    )
+    assert "grad_norm" not in res.history
+    score = tuning_module.final_score(problem, res, "grad_norm", seed_axis=True)
+    per_seed = [
+        float(jnp.linalg.norm(bl.metrics.hypergradient(problem, res.x[i]))) for i in range(2)
+    ]
+    assert score == pytest.approx(np.mean(per_seed), rel=1e-12)
+    fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, score / 2))
+    assert tuning_module.drifted(problem, res, fake, seed_axis=True)
+    fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, score * 1.01))
+    assert not tuning_module.drifted(problem, res, fake, seed_axis=True)

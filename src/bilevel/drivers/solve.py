@@ -35,7 +35,7 @@ from bilevel.drivers.history import History
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
-from bilevel.drivers.tuning import needs_tuning, tune
+from bilevel.drivers.tuning import drifted, needs_tuning, tune
 from bilevel.solvers.base import Solver
 
 PyTree = Any
@@ -131,8 +131,9 @@ def solve(
     plan = _Plan(steps, every, seed_list, seeds is not None, init, settings, mesh, ckpt_dir,
                  checkpoint_interval, progress, time_limit)  # fmt: skip
     result, stopped, spent = _attempt(problem, solver, tuning, plan)
-    while stopped is None and _retry(result, tuning, plan):  # a tuned step that diverged
-        tuning = tuning.retried(_smaller(tuning), spent)
+    # a tuned step whose run diverged or drifted: the next smaller candidate
+    while stopped is None and (reason := _retry_reason(problem, result, tuning, plan)):
+        tuning = tuning.retried(_smaller(tuning), spent, reason)
         solver = dataclasses.replace(solver, lr_outer=tuning.value)
         result, stopped, spent = _attempt(problem, solver, tuning, plan)
     _note_tuning(result, tuning)
@@ -179,19 +180,22 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
     return engine.result(state, seed_axis=plan.batched), stopped, spent
 
 
-#: a tuned run that diverges is run again with the next smaller candidate at most this often
+#: a tuned run that diverges or drifts is run again with the next smaller candidate at most
+#: this often
 MAX_RETRIES = 2
 
 
-def _retry(result: Result, tuning, plan: _Plan) -> bool:
-    """Whether to run again with a smaller tuned step: the step was tuned, the run diverged,
-    retries are left, and there is no checkpoint (a retry would be a different run there)."""
-    return (
-        tuning is not None
-        and bool(result.diverged)
-        and len(tuning.retries) < MAX_RETRIES
-        and plan.ckpt_dir is None
-    )
+def _retry_reason(problem, result: Result, tuning, plan: _Plan) -> str:
+    """Why to run again with a smaller tuned step, or ``""``: the step was tuned, retries are
+    left, there is no checkpoint (a retry would be a different run there), and the run diverged,
+    or ran all its steps and drifted (:func:`bilevel.drivers.tuning.drifted`)."""
+    if tuning is None or len(tuning.retries) >= MAX_RETRIES or plan.ckpt_dir is not None:
+        return ""
+    if result.diverged:
+        return "diverged"
+    if result.steps == plan.steps and drifted(problem, result, tuning, plan.batched):
+        return "drifted"
+    return ""
 
 
 def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):

@@ -34,10 +34,13 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    :mod:`bilevel.drivers.curvature`. Should the run diverge all the same, its message names
    the next smaller candidate.)
 5. **Retries**: when the run itself diverges with the chosen step (a short run cannot see
-   everything: with minibatches, stability depends on the draws), ``bl.solve`` runs again
-   with the next smaller candidate, at most twice (:attr:`Tuning.retries`; not with a
-   checkpoint, whose run would change under it). The diverged runs' samples and oracle calls
-   are counted too.
+   everything: with minibatches, stability depends on the draws), or *drifts* (:func:`drifted`:
+   its gradient-type score ends above what the tuning run of the same step reached, e.g. a
+   single-loop method whose inner iterate falls behind as the inner problem grows
+   ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate,
+   at most twice (:attr:`Tuning.retries`, :attr:`Tuning.retry_reasons`; not with a checkpoint,
+   whose run would change under it). The earlier runs' samples and oracle calls are counted
+   too.
 
 Everything is recorded in a :class:`Tuning` (``res.tuning`` of ``bl.solve``): the grid, the
 scores, why each dropped candidate was dropped, the choice, the steps, samples, oracle calls and
@@ -59,10 +62,20 @@ import pandas as pd
 
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
-from bilevel.drivers.tuning_runs import Trial, scoring_problem, trial
+from bilevel.drivers.tuning_runs import Trial, final_score, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
-__all__ = ["Tuning", "TuningError", "tune", "tuning_steps", "needs_tuning", "GRID", "NEAR"]
+__all__ = [
+    "Tuning",
+    "TuningError",
+    "tune",
+    "tuning_steps",
+    "needs_tuning",
+    "drifted",
+    "final_score",
+    "GRID",
+    "NEAR",
+]
 
 #: the candidate outer steps: 10^-3 ... 10^2 in steps of 10^0.5 (mean losses have small
 #: gradients: steps up to 100 are common on them)
@@ -98,9 +111,11 @@ class Tuning:
         counts: the same per counter (``bilevel.core.oracles.Counts`` fields).
         seconds: wall-clock seconds of the tuning (compilation included).
         largest_stable: the largest candidate that was not dropped.
-        retries: the values whose full run diverged (``bl.solve`` then runs again with the
-            next smaller candidate, at most twice, and ``value`` is the one it ended with;
-            the diverged runs' samples and oracle calls are in the counts).
+        retries: the values whose full run diverged or drifted (``bl.solve`` then runs again
+            with the next smaller candidate, at most twice, and ``value`` is the one it ended
+            with; the earlier runs' samples and oracle calls are in the counts).
+        retry_reasons: why each of ``retries`` was run again: ``"diverged"`` or
+            ``"drifted"`` (:func:`drifted`).
     """
 
     field: str
@@ -117,17 +132,19 @@ class Tuning:
     seconds: float
     largest_stable: float
     retries: tuple[float, ...] = ()
+    retry_reasons: tuple[str, ...] = ()
 
-    def retried(self, value: float, spent: dict[str, int]) -> Tuning:
-        """This tuning after the full run with ``self.value`` diverged: ``value`` is used
-        instead, the failed run's value is added to ``retries`` and ``spent`` (its counter
-        totals, :class:`bilevel.core.oracles.Counts` fields, tuning included) become the
-        counts."""
+    def retried(self, value: float, spent: dict[str, int], reason: str = "diverged") -> Tuning:
+        """This tuning after the full run with ``self.value`` diverged or drifted (``reason``):
+        ``value`` is used instead, the failed run's value is added to ``retries`` and ``spent``
+        (its counter totals, :class:`bilevel.core.oracles.Counts` fields, tuning included)
+        become the counts."""
         calls = sum(v for k, v in spent.items() if not k.startswith("samples"))
         return dataclasses.replace(
             self,
             value=value,
             retries=(*self.retries, self.value),
+            retry_reasons=(*self.retry_reasons, reason),
             samples=spent["samples_outer"] + spent["samples_inner"],
             oracle_calls=calls,
             counts=dict(spent),
@@ -153,8 +170,36 @@ class Tuning:
             f"{self.grid[0]:.0e}..{self.grid[-1]:.0e} stable; {self.score} {self.start_score:.3g}"
             f" -> {best:.3g} in {self.steps} steps; {self.samples:,} samples, "
             f"{self.seconds:.1f} s)"
-            + "".join(f"; {v:.3g} diverged in the run" for v in self.retries)
+            + "".join(
+                f"; {v:.3g} {why} in the run"
+                for v, why in zip(self.retries, self.retry_reasons, strict=True)
+            )
         )
+
+
+#: a run has drifted when its final score is above this many times the score its step reached
+#: in the tuning run; DRIFT_NOISY with minibatches, where the run's last iterate is noisier than
+#: the tuning's mean over three seeds and two evaluations
+DRIFT, DRIFT_NOISY = 1.0, 2.0
+
+
+def drifted(problem: BilevelProblem, result, tuning: Tuning, seed_axis: bool) -> bool:
+    """Whether the full run with the tuned step ended *worse* than the tuning run of that step.
+
+    Only for gradient-type scores (``grad_norm``, ``grad_mapping``), which a converging run
+    drives down: one that grows over the rest of the run means the step suits the first
+    ``tuning.steps`` steps but not where the run went (measured: F3SA's single loop on an
+    L2-penalised logistic regression passes the optimum at step 150 with the tuned step, then
+    drifts on as the penalty exp(x) -> 0 leaves its inner iterates behind; a third of the step
+    converges). ``result.steps`` must be the full run."""
+    if tuning.score not in ("grad_norm", "grad_mapping") or tuning.value not in tuning.grid:
+        return False
+    reference = tuning.scores[tuning.grid.index(tuning.value)]
+    if not np.isfinite(reference):
+        return False
+    final = final_score(problem, result, tuning.score, seed_axis)
+    noisy = problem.stochastic and getattr(result.solver, "batch_size", None) is not None
+    return bool(final > (DRIFT_NOISY if noisy else DRIFT) * reference)
 
 
 def needs_tuning(solver: Solver) -> bool:

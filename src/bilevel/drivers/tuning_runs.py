@@ -16,7 +16,15 @@ from bilevel.core.problem import BilevelProblem
 from bilevel.core.tree import tree_norm
 from bilevel.drivers.sweep import sweep
 
-__all__ = ["Trial", "scoring_problem", "trial", "EXACT_MAX_DIM", "EVALUATIONS", "BEHIND"]
+__all__ = [
+    "Trial",
+    "scoring_problem",
+    "trial",
+    "final_score",
+    "EXACT_MAX_DIM",
+    "EVALUATIONS",
+    "BEHIND",
+]
 
 #: the exact score needs a dense inner Hessian per candidate: only for y of at most this size
 EXACT_MAX_DIM = 300
@@ -179,3 +187,28 @@ def _drop_reason(rows: pd.DataFrame, diverged: bool, score_name: str, n: int) ->
         F = rows["F"].to_numpy(float)
         worse = worse or not np.isfinite(F[-1]) or F[-1] > F[0] + 1e-12 * abs(F[0])
     return "no progress" if worse else ""
+
+
+def final_score(problem: BilevelProblem, result, score_name: str, seed_axis: bool) -> float:
+    """A finished run's score ``score_name`` at its last iterates, the mean over its seeds: from
+    the history where the run recorded it, else exact (``bl.metrics.hypergradient`` /
+    ``grad_mapping`` at the final x; ``seed_axis``: ``result.x`` has a leading seed axis);
+    ``nan`` for a score that cannot be computed here."""
+    history = result.history
+    if score_name in history:
+        last = history[history["step"] == history["step"].max()]
+        return float(last[score_name].mean())
+    if score_name not in ("grad_norm", "grad_mapping"):
+        return math.nan
+    from bilevel.analysis import metrics
+
+    xs = (
+        [result.x]
+        if not seed_axis
+        else [jax.tree.map(lambda leaf, i=i: leaf[i], result.x) for i in range(len(result.seeds))]
+    )
+    if score_name == "grad_mapping":
+        values = [float(metrics.grad_mapping(problem, x)) for x in xs]
+    else:
+        values = [float(tree_norm(metrics.hypergradient(problem, x))) for x in xs]
+    return float(np.mean(values))
