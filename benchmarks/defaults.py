@@ -16,6 +16,12 @@ the FW gap for the Frank-Wolfe methods), whether it diverged, the chosen ``lr_ou
 seconds the tuning took as a share of the whole solve. Nothing passes or fails on time.
 
 Run: ``python benchmarks/defaults.py [--problems ridge logistic] [--solvers f2sa aid-cg]``.
+On a machine with many cores, one process per problem and solver (docs/step_sizes.md's table:
+16 cores, 153 s)::
+
+    for p in cleaning logistic ridge; do for s in $(python -c "import bilevel as bl; \\
+      print(*bl.solvers.names())"); do echo $p $s; done; done | JAX_PLATFORMS=cpu xargs -P 16 \\
+      -L 1 sh -c 'python benchmarks/defaults.py --problems $0 --solvers $1 | tail -n +2'
 """
 
 from __future__ import annotations
