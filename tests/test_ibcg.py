@@ -9,6 +9,8 @@
 4. bad input, and the exact metrics fw_gap / grad_mapping on a closed form.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,7 +166,7 @@ def _rel_err(res, x0, x_star):
     return np.linalg.norm(np.asarray(res.x) - x_star) / np.linalg.norm(x0 - x_star)
 
 
-@pytest.mark.parametrize("rule", ["convex", "nonconvex"])
+@pytest.mark.parametrize("rule", ["convex", "nonconvex", "last-iterate"])
 def test_default_steps_reach_x_star_on_the_simplex(problem, x_star, rule):
     """K = 3000 with the paper's defaults (gamma = log K/K or 1/sqrt K, alpha = 2/(mu+L),
     eta = 0.99 alpha): within 5% of ||x0 - x*|| (measured 0.3% convex, 2.4% nonconvex: a
@@ -175,7 +177,13 @@ def test_default_steps_reach_x_star_on_the_simplex(problem, x_star, rule):
     )
     assert res.solver.horizon == 3000.0
     expected_gamma = np.log(3000) / 3000 if rule == "convex" else 1 / np.sqrt(3000)
-    np.testing.assert_allclose(res.solver.lr_outer, expected_gamma, rtol=1e-12)
+    gamma = res.solver.lr_outer
+    if rule == "last-iterate":  # 1/sqrt(K) for K/10 steps, then ~ 1/sqrt(k)
+        assert gamma.horizon == 3000.0
+        np.testing.assert_allclose(gamma(299), expected_gamma, rtol=1e-12)
+        np.testing.assert_allclose(gamma(2999), expected_gamma / np.sqrt(10), rtol=1e-12)
+        gamma = gamma.gamma
+    np.testing.assert_allclose(gamma, expected_gamma, rtol=1e-12)
     np.testing.assert_allclose(res.solver.lr_inner, 2 / 11, rtol=1e-6)  # mu_g 1, L_g 10
     assert _rel_err(res, np.asarray(problem.x0), x_star) <= 0.05
     gap = res.history.fw_gap.to_numpy()
@@ -252,4 +260,7 @@ def test_auto_gamma_needs_a_horizon(problem):
     with pytest.raises(ValueError, match="horizon K >= 2"):
         bl.solvers.make("ibcg", lr_inner=0.1, lr_adjoint=0.1, horizon=1).resolve(problem)
     solver = bl.solvers.make("ibcg", lr_inner=0.1, lr_adjoint=0.1, horizon=100)
+    gamma = solver.resolve(problem).lr_outer  # "last-iterate": 1/sqrt(100) for 10 steps
+    np.testing.assert_allclose([gamma(0), gamma(9), gamma(39)], [0.1, 0.1, 0.05], rtol=1e-12)
+    solver = dataclasses.replace(solver, gamma_rule="nonconvex")
     np.testing.assert_allclose(solver.resolve(problem).lr_outer, 0.1)  # 1/sqrt(100)
