@@ -40,7 +40,8 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate,
    at most twice (:attr:`Tuning.retries`, :attr:`Tuning.retry_reasons`; not with a checkpoint,
    whose run would change under it). The earlier runs' samples and oracle calls are counted
-   too.
+   too. (Halving the step instead was measured worse: off the grid there is no tuning score
+   to judge a drift by.)
 
 Everything is recorded in a :class:`Tuning` (``res.tuning`` of ``bl.solve``): the grid, the
 scores, why each dropped candidate was dropped, the choice, the steps, samples, oracle calls and
@@ -150,23 +151,29 @@ class Tuning:
             counts=dict(spent),
         )
 
+    @property
+    def chosen(self) -> float:
+        """The candidate the tuning run chose (``value`` unless a retry replaced it)."""
+        return self.retries[0] if self.retries else self.value
+
     def table(self) -> pd.DataFrame:
-        """One row per candidate: the value, its score, why it was dropped, whether chosen."""
+        """One row per candidate: the value, its score, why it was dropped, whether the tuning
+        chose it (a retry may have replaced it by a smaller one: ``value``)."""
         return pd.DataFrame(
             {
                 self.field: self.grid,
                 self.score: self.scores,
                 "dropped": self.dropped,
-                "chosen": [v == self.value for v in self.grid],
+                "chosen": [v == self.chosen for v in self.grid],
             }
         )
 
     def summary(self) -> str:
         """One line for the progress display and messages."""
         kept = sum(not d for d in self.dropped)
-        best = self.scores[self.grid.index(self.value)]
+        best = self.scores[self.grid.index(self.chosen)]
         return (
-            f"tuned {self.field} = {self.value:.3g} ({kept} of {len(self.grid)} candidates "
+            f"tuned {self.field} = {self.chosen:.3g} ({kept} of {len(self.grid)} candidates "
             f"{self.grid[0]:.0e}..{self.grid[-1]:.0e} stable; {self.score} {self.start_score:.3g}"
             f" -> {best:.3g} in {self.steps} steps; {self.samples:,} samples, "
             f"{self.seconds:.1f} s)"
@@ -174,6 +181,7 @@ class Tuning:
                 f"; {v:.3g} {why} in the run"
                 for v, why in zip(self.retries, self.retry_reasons, strict=True)
             )
+            + (f"; ran with {self.value:.3g}" if self.retries else "")
         )
 
 
