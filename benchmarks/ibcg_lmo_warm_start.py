@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--lanczos", type=int, nargs="+", default=[4, 8, 16, 32, 48])
     args = parser.parse_args()
     base = bl.problems.matrix_completion(n=args.size, rank=args.rank)
-    ibcg = bl.solvers.make("ibcg")
+    ibcg = bl.solvers.make("ibcg", gamma_rule="nonconvex")  # constant gamma: vertices read back
     for warm in (False, True):
         for lanczos in args.lanczos:
             problem = base.replace(x_set=dataclasses.replace(base.x_set, lanczos_steps=lanczos))
