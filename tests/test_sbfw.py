@@ -6,7 +6,9 @@
 2. the clipping of rho_k, eta_k and d_1 = h(x_1, y_1); the tuned variant's scaling;
 3. on the simplex-constrained quadratic of tests/test_ibcg.py, SBFW-exact converges; on the toy
    at mu_g = 0.1, SBFW with the theory steps stalls far above IBCG (Fig. 3), as measured;
-4. bad options.
+4. bad options;
+5. ``neumann_start``: the mean of M's randomised Neumann estimate over its length l is the
+   k-term series from l = 0 (Ghadimi & Wang) or from l = 1 (App. G.1, the default).
 """
 
 import jax
@@ -167,6 +169,11 @@ def test_theory_steps_stall_on_the_toy_where_ibcg_converges():
         ({"hessian_inverse": "cg"}, "hessian_inverse"),
         ({"variant": "fast"}, "variant"),
         ({"max_neumann": 0}, "max_neumann"),
+        ({"neumann_start": 2}, r"neumann_start=2\) is unknown; use one of \(1, 0\)"),
+        ({"neumann_start": -1}, "neumann_start"),
+        ({"neumann_start": True}, "neumann_start"),
+        ({"neumann_start": 1.0}, "neumann_start"),
+        ({"neumann_start": "0"}, "neumann_start"),
         ({"neumann_lr": -1.0}, "neumann_lr"),
         ({"outer_optimizer": "adam"}, "convex combination"),
     ],
@@ -189,3 +196,65 @@ def test_max_neumann_caps_the_products(problem):
     states = _run(solver, problem, 10)
     hvps = np.diff([0] + [int(s.counts.hvp) for s in states])
     assert (hvps <= 4).all() and (hvps >= 2).all()
+
+
+# ---- 5. neumann_start: which k lengths l the estimate draws -----------------------------------
+DRAWS = 4000
+
+
+@pytest.mark.parametrize("start", [0, 1])
+@pytest.mark.parametrize("k", [1, 4])
+def test_neumann_start_mean_is_the_k_term_series(problem, start, k):
+    """At paper step k <= 4 (rho_k = 1, so d_k = h(x_k, y_k)), DRAWS keys, one step each from
+    x = x_0, y = 0. Each draw's l is read off the oracle count (2l HVPs: h at the old and the
+    new point) and its d must be h with M = (k/L) (I - A/L)^l EXACTLY (rtol 1e-11); the l seen
+    must be exactly {s, ..., k - 1 + s} (s = neumann_start). l being uniform, the estimator's
+    exact mean is then the k-term series (1/L) sum_{l=s}^{k-1+s} (I - A/L)^l inside h: from
+    the identity term for s = 0 (Ghadimi & Wang), one factor (I - A/L) further for s = 1. The
+    Monte-Carlo mean of d over the DRAWS is checked against it at 5 standard errors per
+    coordinate (sigma_j/sqrt(DRAWS), sigma_j the exact spread over the k equally likely l)."""
+    ref = problem.reference
+    L = 10.0
+    solver = bl.solvers.make("sbfw", lr_inner=0.05, neumann_lr=1 / L, neumann_start=start)
+    assert solver.neumann_start == start
+    state = solver.init(problem, jax.random.key(0))._replace(k=jnp.int32(k - 1))
+    keys = jax.random.split(jax.random.key(7), DRAWS)
+    out = jax.jit(jax.vmap(lambda key: solver.step(problem, state._replace(key=key))))(keys)
+    x, y1 = np.asarray(problem.x0), np.asarray(out.y[0])  # y_k is the same for every key
+    np.testing.assert_array_equal(out.y, np.broadcast_to(y1, out.y.shape))
+    factor = np.eye(DY) - ref.A / L
+
+    def h(M):
+        return np_h(ref, x, y1, lambda v: M @ v)
+
+    hvps = np.asarray(out.counts.hvp)
+    assert (hvps % 2 == 0).all()
+    ls = hvps // 2
+    support = list(range(start, k + start))
+    assert sorted(set(ls.tolist())) == support
+    per_l = {l: h((k / L) * np.linalg.matrix_power(factor, l)) for l in support}
+    d = np.asarray(out.d)
+    for l in support:
+        np.testing.assert_allclose(d[ls == l], np.broadcast_to(per_l[l], d[ls == l].shape),
+                                   rtol=1e-11, atol=1e-13)  # fmt: skip
+    # the exact mean over the uniform l: the k-term series, from l = s
+    series = sum(np.linalg.matrix_power(factor, l) for l in support) / L
+    exact_mean = h(series)
+    np.testing.assert_allclose(np.mean([per_l[l] for l in support], axis=0), exact_mean,
+                               rtol=1e-12, atol=1e-13)  # fmt: skip
+    if start == 0:  # with the identity term: the truncated series H^{-1}(I - (I - A/L)^k)
+        truncated = np.linalg.solve(ref.A, np.eye(DY) - np.linalg.matrix_power(factor, k))
+        np.testing.assert_allclose(series, truncated, rtol=1e-10, atol=1e-12)
+    else:  # App. G.1: one factor (I - A/L) more, the identity term missing
+        shifted = factor @ sum(np.linalg.matrix_power(factor, l) for l in range(k)) / L
+        np.testing.assert_allclose(series, shifted, rtol=1e-12, atol=1e-13)
+    sigma = np.std([per_l[l] for l in support], axis=0)
+    err = np.abs(d.mean(axis=0) - exact_mean)
+    assert (err <= 5 * sigma / np.sqrt(DRAWS) + 1e-12).all()
+    # the rest of the count: no dense solve, one cross product per h (2l HVPs checked above)
+    assert int(out.counts.dense.max()) == 0 and int(out.counts.cross.min()) == 2
+
+
+def test_neumann_start_default_is_the_ibcg_papers():
+    """The default stays App. G.1's l ~ U{1..k}; the reproductions name no neumann_start."""
+    assert bl.solvers.make("sbfw").neumann_start == 1

@@ -47,6 +47,9 @@ TUNED = {"inner": 5.0, "outer": 0.1}
 VARIANTS = ("theory", "tuned")
 #: eta_k = 2/(k+1)^{3/4} at the first update (paper k = 1): the default ``lr_outer``
 ETA_1 = 2.0 / 2.0**0.75
+#: the first length of M's random Neumann product: 1 (the IBCG paper's App. G.1, the default)
+#: or 0 (Ghadimi & Wang's estimator, as TTSA's)
+NEUMANN_STARTS = (1, 0)
 
 
 class SBFWState(NamedTuple):
@@ -104,9 +107,15 @@ class SBFW(FrankWolfeSolver):
     minibatches one inner draw serves all l Hessian products of M (Ghadimi & Wang's estimator
     draws one per factor; with l up to k that would make the samples per step grow with k).
 
-    The Neumann part of M has mean ``(1/L_g) sum_{l=1}^{k} (I - H/L_g)^l``, which misses the
-    l = 0 term of the series and so is biased by ``-I/L_g`` even for large k; the IBCG paper
-    states this estimate (l from 1), which is what runs here.
+    The Neumann part of M, with ``s = neumann_start``, draws ``l ~ U{s..k-1+s}`` and has mean
+    ``(1/L_g) sum_{l=s}^{k-1+s} (I - H/L_g)^l`` (H = d2g/dy2). With ``s = 1`` (the default: the
+    IBCG paper's App. G.1, which the reproductions run) that is ``(I - H/L_g) S_k`` with
+    ``S_k = (1/L_g) sum_{l=0}^{k-1} (I - H/L_g)^l``: the identity term is missing, and the mean
+    tends to ``H^{-1} - I/L_g``, a bias that does not vanish as k grows. With ``s = 0``
+    (Ghadimi & Wang's estimator, as this library's TTSA draws it) the mean is
+    ``S_k = H^{-1} - (I - H/L_g)^k H^{-1}``: biased by the truncation only. Which of the two the
+    original SBFW paper (Akhtar et al., arXiv:2110.11721) uses is NOT VERIFIED here: its full
+    text could not be found (only abstracts); neither choice is claimed as the original's.
 
     Args:
         lr_outer: eta_1, the first FW step (a float: ``eta_k = eta_1 (2/(k+1))^{3/4}``; the
@@ -121,7 +130,10 @@ class SBFW(FrankWolfeSolver):
         variant: ``"theory"`` or ``"tuned"`` (Fig. 4: delta_k x 5, eta_k x 0.1, then clipped).
         max_neumann: NOT IN PAPER. None (default, the paper): M uses k in place of the cap, so
             step k costs up to 2k Hessian-vector products; an int n caps the length at
-            ``min(k, n)`` (l ~ U{1..min(k, n)}, scale min(k, n)/L_g) to bound the cost.
+            ``min(k, n)`` (l ~ U{s..min(k, n)-1+s}, scale min(k, n)/L_g) to bound the cost.
+        neumann_start: s, the smallest length of M's random product: 1 (default, the IBCG
+            paper's App. G.1: l ~ U{1..k}, no identity term) or 0 (Ghadimi & Wang: l ~
+            U{0..k-1}, the identity term kept; with l = 0 a step makes no Hessian product).
         batch_size: minibatch size of every oracle (None = full data).
     """
 
@@ -131,6 +143,7 @@ class SBFW(FrankWolfeSolver):
     hessian_inverse: str = "neumann"
     variant: str = "theory"
     max_neumann: int | None = None
+    neumann_start: int = 1
     batch_size: int | None = None
 
     name: ClassVar[str] = "sbfw"
@@ -142,6 +155,12 @@ class SBFW(FrankWolfeSolver):
     def validate(self) -> None:
         cls = type(self).__name__
         self._check_choices(hessian_inverse=("neumann", "exact"), variant=VARIANTS)
+        start = self.neumann_start
+        if isinstance(start, bool) or not isinstance(start, int) or start not in NEUMANN_STARTS:
+            raise ValueError(
+                f"{cls}(neumann_start={start!r}) is unknown; use one of {NEUMANN_STARTS} (1: l ~ "
+                "U{1..k} as in the IBCG paper's App. G.1; 0: l ~ U{0..k-1}, Ghadimi & Wang)."
+            )
         cap = self.max_neumann
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(f"{cls}(max_neumann=...) must be None or an int >= 1, got {cap!r}.")
@@ -185,7 +204,7 @@ class SBFW(FrankWolfeSolver):
         else:
             terms = k if self.max_neumann is None else jnp.minimum(k, self.max_neumann)
             hessian = functools.partial(oracles.hvp_yy, problem.inner, x, y, mb.inner(HESSIAN_DRAW))
-            neumann = RandomNeumann(lr=self.neumann_lr, num_terms=terms, first=1)
+            neumann = RandomNeumann(lr=self.neumann_lr, num_terms=terms, first=self.neumann_start)
             v, products = neumann.solve(lambda j: hessian, grad_y_f, key)
             counts = {"hvp": products}
         return implicit_hypergradient(problem, x, y, v, grad_x_f, mb.inner(CROSS_DRAW)), counts

@@ -43,8 +43,8 @@ class StocBiO(ImplicitSolver):
         inner_steps: D, inner SGD steps per outer iteration.
         neumann_steps: Q, the Neumann degree (5 in the F2SA paper's experiment; Q Hessian-vector
             products per iteration).
-        neumann_lr: eta of the Neumann series, must be below 1/L_g; None = ``lr_inner`` (when it
-            is a float).
+        neumann_lr: eta of the Neumann series, at most 1/L_g (the series converges for eta <
+            2/L_g); None = ``lr_inner`` (its "auto" is 1/L_g).
 
     References:
         Ji, Yang, Liang. "Bilevel Optimization: Convergence Analysis and Enhanced Design."

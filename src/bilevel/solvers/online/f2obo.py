@@ -170,8 +170,10 @@ class F2OBO(PenaltyOnlineSolver):
             inner batch zeta_k feeds both the z and the y step and one outer batch xi_k the y
             step; ghat uses a fresh xi and a fresh zeta shared by both g terms.
         inner_steps: K, the z and y steps per round. Default ``"auto"``: Theorem 3.1's
-            K >= max{1 - ln 2 / ln rho, (ln c - 2 tau ln T) / ln rho} for the run's horizon
-            T, with lam_T^2 rho^K <= c = 1 (:meth:`theory_inner_steps`): K = O(tau log T).
+            K >= max{1 - ln 2 / ln rho, (ln c - 2 ln lam1 - 2 tau ln T) / ln rho} for the
+            run's horizon T, i.e. lam_T^2 rho^K <= c = 1 with lam_T = lam1 T^tau
+            (:meth:`theory_inner_steps`; Theorem 3.1's printed max leaves lam1 inside its
+            constant c, which it asks to satisfy lam_t^2 rho^K <= c): K = O(tau log T).
             (Experiment 1 used 5, which diverges once lam_t = 5t outgrows it.)
         lam1: lambda_1, default 5 (Experiments 1 and 2); theory asks lam1 > 2 L_{f,1}/mu_g.
         tau: the growth exponent of lam_t = lam1 t^tau, default 1/2: Theorem 3.1's regret is

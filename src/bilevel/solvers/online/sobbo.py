@@ -23,13 +23,13 @@ class SOBBO(OBBO):
     r"""SOBBO (Bohne et al., arXiv:2409.10470): OBBO on minibatches with the x step along the
     window average of the last w stored stochastic ITD hypergradients (module docstring).
 
-    Defaults: window w = 10 (SOBOW's), K = 5 (F2OBO paper, Experiment 2), and OBBO's
-    ``lr_inner`` and ``lr_outer``. Experiment 2's window w = 50 (with alpha = 0.1, gamma =
-    0.001 and its batch of 256 per round) is ``window=50``: a window of w stored estimates
-    delays the x step by about w/2 rounds, and its round map is stable only for a step about
-    w times smaller than a plain step's (``OnlineSolver.stable_outer_step``), too small to
-    track a stream of a few hundred rounds at w = 50. Per-round counts as OBBO's: one ITD
-    estimate per round, none re-evaluated.
+    Defaults: window w = 10 (SOBOW's), and OBBO's ``inner_steps="auto"`` (K ~ log T for the
+    run's horizon; Experiment 2 used K = 5), ``lr_inner`` and ``lr_outer``. Experiment 2's
+    window w = 50 (with alpha = 0.1, gamma = 0.001 and its batch of 256 per round) is
+    ``window=50``: a window of w stored estimates delays the x step by about w/2 rounds, and
+    its round map is stable only for a step about w times smaller than a plain step's
+    (``OnlineSolver.stable_outer_step``), too small to track a stream of a few hundred rounds
+    at w = 50. Per-round counts as OBBO's: one ITD estimate per round, none re-evaluated.
     """
 
     window: int = 10

@@ -51,10 +51,10 @@ class HOZOG(PathDifferenceSolver):
         x_{k+1} = x_k - beta gradhat
 
     Args:
-        Same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer 0.01,
-        lr_inner "auto" = 1/L_g, full batches, N = 20, Q = 1, mu = 0.01 as in the PZOBO paper's
-        Appendix B.2 for HOZOG, Gaussian directions, plain GD inside and outside, no warm
-        start).
+        Same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer "auto",
+        tuned by ``bl.solve``; lr_inner "auto" = 1/L_g; full batches, N = 20, Q = 1, mu = 0.01
+        as in the PZOBO paper's Appendix B.2 for HOZOG, Gaussian directions, plain GD inside
+        and outside, warm start on, as PZOBO's).
 
     References:
         Gu, Liu, Zhang, Geng, Huang. "Optimizing Large-Scale Hyperparameters via Automated

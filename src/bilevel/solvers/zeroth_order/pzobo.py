@@ -400,7 +400,8 @@ class PZOBO(PathDifferenceSolver):
 
     Args:
         lr_outer: beta, float or schedule (Theorem 1: beta = 1/(L_Phi sqrt K); the experiments
-            use Adam, see ``outer_optimizer``). Default 0.01.
+            use Adam, see ``outer_optimizer``). Default ``"auto"``: tuned by ``bl.solve`` on
+            the problem (``bilevel.drivers.tuning``).
         lr_inner: alpha, float or schedule; "auto" (default) is 1/L with L = max(L_f, L_g)
             (Theorem 1: alpha <= 1/L), both estimated at (x0, y0) (:func:`auto_smoothness`).
         batch_size: None (default, Algorithm 1's full gradients) or a minibatch size, then one
