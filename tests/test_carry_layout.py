@@ -150,7 +150,8 @@ def test_stocbio_runs_the_same_with_and_without(monkeypatch):
     from bilevel.drivers import programs
 
     problem = _cleaning_like_problem(dim=D, classes=C)
-    solver = bl.solvers.make("stocbio", batch_size=8, inner_steps=2, neumann_steps=3)
+    # a fixed lr_outer: the layout is what is compared, not the tuning run's choice
+    solver = bl.solvers.make("stocbio", batch_size=8, inner_steps=2, neumann_steps=3, lr_outer=0.01)
     loops = []
     bind_loop = carry_loops.bind_loop
     monkeypatch.setattr(

@@ -169,8 +169,8 @@ def test_saba_saga_estimates_and_memory(small_sto, scheme):
 
 def test_saba_equals_soba_without_data(quad):
     """On a problem without data SABA's step is SOBA's (exact terms, no memory)."""
-    a = bl.solve(quad, bl.solvers.make("soba", lr_inner=0.1), steps=30, progress=False)
-    b = bl.solve(quad, bl.solvers.make("saba", lr_inner=0.1), steps=30, progress=False)
+    a = bl.solve(quad, bl.solvers.make("soba", lr_inner=0.1, lr_outer=0.05), 30, progress=False)
+    b = bl.solve(quad, bl.solvers.make("saba", lr_inner=0.1, lr_outer=0.05), 30, progress=False)
     np.testing.assert_allclose(b.x, a.x, rtol=1e-13)
     assert b.state.memory == (None,) * 5
 
