@@ -86,6 +86,18 @@ def _ceil_agrees(value, real: float) -> None:
         assert value == math.ceil(real), (value, real)
 
 
+def _clamped_ceil_agrees(value, real: float, cap: int) -> None:
+    """``value`` is ``ceil(real)`` clamped to ``[1, cap]`` (a count of steps: at least one, at
+    most the cap), with the region recorded as a hypothesis event."""
+    event("floor 1" if real <= 1.0 else "cap" if real > cap else "ceil")
+    if real <= 1.0:
+        assert value == 1
+    elif real > cap:
+        assert value == cap
+    else:
+        _ceil_agrees(value, real)
+
+
 def _positive(lo: float, hi: float):
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False)
 
@@ -355,13 +367,7 @@ def test_ttsa_growing_neumann_length(k, kappa, cap):
     solver = TTSA(lr_outer=0.1, neumann_steps="growing", condition_number=kappa, max_neumann=cap)
     got = int(solver.neumann_length(jnp.int32(k)))
     real = kappa * math.log(k + 1)
-    event("floor 1" if real <= 1.0 else "cap" if real > cap else "ceil")
-    if real <= 1.0:
-        assert got == 1
-    elif real > cap:
-        assert got == cap
-    else:
-        _ceil_agrees(got, real)
+    _clamped_ceil_agrees(got, real, cap)
 
 
 # ---- STABLE: Chen, Sun, Xiao, Yin, AISTATS 2022 ------------------------------------------------
@@ -491,13 +497,7 @@ def test_sf2obo_inner_steps(t, exponents, kappa, cap):
     b_ = tau if b is None else b
     real = 4.0 * kappa * max(t ** (b_ - tau), t**a) * math.log(t)
     event(f"max picks t^(b - tau): {b_ - tau > a}")
-    event("floor 1" if real <= 1.0 else "cap" if real > cap else "ceil")
-    if real <= 1.0:
-        assert got == 1
-    elif real > cap:
-        assert got == cap
-    else:
-        _ceil_agrees(got, real)
+    _clamped_ceil_agrees(got, real, cap)
 
 
 @SETTINGS
