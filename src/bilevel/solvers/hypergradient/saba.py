@@ -128,7 +128,8 @@ class SABA(SOBA):
     one pass over the data at (x_0, y_0), so mean(w) starts exact, as in SAGA's analysis; this
     pass (one full-data gradient of g and of f) is counted at step 0. The product tables start
     at 0, which is exact since v_0 = 0.
-    "zero" starts every table at 0 (benchopt's default), biased until every sample is visited.
+    "zero" starts every table at 0 (benchopt's default): the estimate stays unbiased (mean(w)
+    is the mean of the table it corrects), but rows not yet visited bring no variance reduction.
 
     Memory cost: (n_inner (2 dim y + dim x) + n_outer (dim x + dim y)) floats; each step also
     averages the tables (O(n) work).
@@ -136,6 +137,32 @@ class SABA(SOBA):
     Data: a level with finite-sum data needs minibatches (``batch_size``); a level without
     data (a deterministic problem) has exact terms -- SAGA over one "sample" that is the whole
     function is exact -- so on a deterministic problem SABA is SOBA with exact oracles.
+
+    Checked against the paper (2026-11-27), on the same text as SOBA's (an anonymised version
+    of arXiv:2201.13409: Sec. 2.2, eqs. (11a)-(11c), Theorems 3-4; neither the published
+    version nor the appendix could be read):
+
+    * samples and point: Sec. 2.2 draws two independent uniform indices i and j per iteration
+      and sets w_i^{t+1} = w~_j^{t+1} = y^t = (z^t, x^t, v^t), so all five new terms are taken
+      at the old iterates; S[phi, w]_i^t = phi_i(w_i^{t+1}) - phi_i(w_i^t) + 1/n sum phi(w^t),
+      with the values phi_i(w_i^t) stored. Here the tables hold those values and ``_saga``
+      forms new - table[rows] + mean(table) from the old table before writing the rows, on
+      inner draw 0 and outer draw 0 of independent keys. Agrees.
+    * signs: eqs. (11b)-(11c) add S[H v] + S[grad_1 F] and S[cross v] + S[grad_2 F] with the
+      paper's v; with v = -v_paper (and so the product tables negated) they are the updates
+      above, y and v sharing rho. Agrees.
+    * steps: Theorems 3 (smooth, O(1/T)) and 4 (PL, linear) take fixed rho <= rho_* and
+      gamma <= min(rho xi_*, 1/(8 L^h)); ``regimes`` is {"constant"}. Agrees.
+    * memory init: the algorithm leaves it free; the remark after Theorem 4 starts every
+      memory at the initial point (w_i^0 = w~_j^0 = w^0), which, with z^0 = z*(x^0) and
+      v^0 = v*(x^0), cancels its constant C^0. "full" is that choice at (x_0, y_0, v_0 = 0);
+      "zero" tables are not values at any memory point, a case the paper does not analyse.
+    * minibatches: differs from the paper's remark in Sec. 2.2, which keeps one memory row per
+      batch (n_b = ceil(n / b_in) rows, fixed batches); here one row per sample and batches of
+      i.i.d. rows (the same estimator when the batch size is 1).
+    * could not be verified: "Theorem 2" with steps ~ (n + m)^{-2/3} and "Theorem 3" above;
+      the text read numbers them Theorems 3 and 4 and says that Theorem 3's proof has the
+      outer step scale as (n + m)^{-1}.
 
     Args:
         lr_outer: gamma, or a schedule ``k -> step``.

@@ -67,6 +67,32 @@ class SOBA(ImplicitSolver):
     ``regime="constant"`` (default) keeps rho and gamma fixed, as benchopt's
     ``benchmark_bilevel`` runs SOBA; on a noisy problem it then stalls at a noise floor.
 
+    Checked against the paper (2026-11-27), on the text that could be read: an anonymised
+    version of arXiv:2201.13409 with Algorithm 1, eqs. (3)-(10) and Theorems 1-2 (neither the
+    published version nor the appendix could be read):
+
+    * samples: Sec. 2.1 and eqs. (10a)-(10c) draw one inner index i and one outer index j,
+      uniformly and independently; G_i gives D_z, the Hessian product and the cross term, and
+      F_j both partials of F. Here inner draw 0 feeds the y-gradient, the Hessian product and
+      the cross term, and outer draw 0 the fused gradient of f, from two split keys; a
+      minibatch of i.i.d. rows stands in for the single index. Agrees.
+    * evaluation point: Algorithm 1 takes D_z^t, D_v^t, D_x^t at (z^t, v^t, x^t), and Sec. 2.1
+      says all are "computed at the same point ... with the same indices": old iterates, the
+      cross term with the old v^t. Here every direction is taken at (x_k, y_k, v_k). Agrees.
+    * signs: Algorithm 1 subtracts rho^t D_z^t, rho^t D_v^t and gamma^t D_x^t, and eq. (3)
+      defines v* = -H^{-1} grad_1 F; with v = -v_paper the updates above are Algorithm 1 term
+      by term. y and v share the step rho (Sec. 2.1). Agrees. Proj_X is this library's
+      extension (the paper has x in R^d); it is the identity without ``x_set``.
+    * steps: "decreasing" has orders (3/5, 2/5) for (gamma, rho): with k0 = 1 these are
+      Theorem 2's gamma^t = t^{-3/5}, rho^t = t^{-2/5} at t = k + 1 (t^{-a} is undefined at
+      Algorithm 1's t = 0); the constants gamma_0, rho_0 are this library's (the theorem has
+      1). Agrees. Theorem 1 takes constant steps rho = T^{-2/5}, gamma = T^{-3/5} for a horizon
+      T, i.e. "constant" with lr_inner = T**-0.4, lr_outer = T**-0.6 (not the "auto" default).
+    * v_0: Algorithm 1 takes v_0 as an input; v_0 = 0 here (as benchopt). Consistent.
+    * could not be verified: the theorem number and the log(T) factor of "Step sizes" above;
+      the text read states the decreasing-step result as Theorem 2, with O(T^{-2/5}) and the
+      assumption that E[h(x^t)] stays bounded.
+
     Args:
         lr_outer: gamma (gamma_0 under "decreasing"), or a schedule ``k -> step``.
         lr_inner: rho, the step of both y and v (rho_0 under "decreasing"), or a schedule;
