@@ -32,3 +32,17 @@ def round_draws(problem, state, t: int, batch_size, *, outer: int, inner: int):
         outer=outer,
         inner=inner,
     )
+
+
+def key_draws(problem, key, t: int, batch_size, *, outer: int, inner: int):
+    """The minibatches a solver draws from round t's held samples with ``key`` itself (a key
+    the solver derived from ``state.key``: AF2OBO's ``fold_in(loop key, i)``, OAGD's member
+    keys), as ``OnlineSolver.round_batches`` draws them."""
+    return sampling.minibatches(
+        key,
+        round_slice(problem.outer_data, t),
+        round_slice(problem.inner_data, t),
+        batch_size,
+        outer=outer,
+        inner=inner,
+    )

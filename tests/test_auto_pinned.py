@@ -409,3 +409,14 @@ def test_online_linear_system_step_is_the_inner_step(name, field, stream):
     half = adjoint_after_round(dataclasses.replace(solver, **{field: 0.5 * solver.lr_inner}))
     np.testing.assert_array_equal(default, same)
     assert not np.allclose(default, half)
+
+
+def test_an_inner_step_that_lands_on_the_minimiser_needs_one_step():
+    """rho = 0 (mu_g = L_g and the step 1/L_g: one step is exact) gives K = 1 for both horizon
+    rules, not a refusal (0 < rho was once required)."""
+    from bilevel.solvers.online import auto
+
+    assert auto.unrolled_inner_steps(T, 0.0) == 1
+    assert auto.penalty_inner_steps(LAM1 * T**0.5, 0.0) == 1
+    with pytest.raises(ValueError, match="contract"):
+        auto.unrolled_inner_steps(T, 1.0)

@@ -106,11 +106,16 @@ class IBCG(FrankWolfeSolver):
         y_{k+1} = y_k - alpha grad_y g(x_{k+1}, y_k)                          (line 8: NEW x)
 
     With minibatches (``batch_size``; the paper is deterministic) each oracle gets its own
-    draw: the HVP of line 4, the cross product of line 5 and the y step of line 8 are three
-    independent inner draws, both partials of f one outer draw. ``output`` is the last
-    iterate ``(x_K, y_K)``; Theorem 4.3 bounds the best-gap iterate, which ``solve``'s history
-    shows through ``fw_gap`` (exact, small problems) and ``fw_gap_estimate`` (this method's
-    ``<F_k, x_k - s_k>``, free).
+    draw (``inner(i)``, ``outer(i)`` of the step's minibatches)::
+
+        inner(0)   the HVP of line 4 (the dense Hessian with ``hessian_inverse="exact"``)
+        inner(1)   the cross product of line 5
+        inner(2)   the y step of line 8, at x_{k+1}
+        outer(0)   both partials of f at (x_k, y_k)
+
+    ``output`` is the last iterate ``(x_K, y_K)``; Theorem 4.3 bounds the best-gap iterate, which
+    ``solve``'s history shows through ``fw_gap`` (exact, small problems) and
+    ``fw_gap_estimate`` (this method's ``<F_k, x_k - s_k>``, free).
 
     Args:
         lr_outer: gamma, the Frank-Wolfe step in (0, 1] (a float: constant gamma; or a

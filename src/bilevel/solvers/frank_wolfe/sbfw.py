@@ -107,6 +107,15 @@ class SBFW(FrankWolfeSolver):
     minibatches one inner draw serves all l Hessian products of M (Ghadimi & Wang's estimator
     draws one per factor; with l up to k that would make the samples per step grow with k).
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; third key of the
+    step's split)::
+
+        inner(0)    the y step at (x_{k-1}, y_{k-1})
+        inner(1)    every Hessian product of M, in both h (the dense Hessian with "exact")
+        inner(2)    the cross product of both h
+        outer(0)    both partials of f, in both h
+        third key   l, the same for both h
+
     The Neumann part of M, with ``s = neumann_start``, draws ``l ~ U{s..k-1+s}`` and has mean
     ``(1/L_g) sum_{l=s}^{k-1+s} (I - H/L_g)^l`` (H = d2g/dy2). With ``s = 1`` (the default: the
     IBCG paper's App. G.1, which the reproductions run) that is ``(I - H/L_g) S_k`` with

@@ -33,7 +33,8 @@ class AIDCG(AID):
     r"""AID-CG (Grazzi et al., ICML 2020; Rajeswaran et al., NeurIPS 2019): the adjoint by K
     conjugate-gradient iterations on ``[d^2 g/dy^2] v = grad_y f`` (``linsolve.cg``, from 0).
 
-    The iteration is :class:`~bilevel.solvers.hypergradient.implicit.AID`'s.
+    The iteration and its draws (the "Draws" table) are
+    :class:`~bilevel.solvers.hypergradient.implicit.AID`'s.
 
     Args:
         lr_outer: x step, float or schedule.

@@ -30,7 +30,8 @@ class AIDFP(AID):
     r"""AID-FP (Grazzi et al., ICML 2020): the adjoint by K fixed-point iterations
     ``v <- v - fp_lr ([d^2 g/dy^2] v - grad_y f)`` from v = 0 (``linsolve.fixed_point``).
 
-    The iteration is :class:`~bilevel.solvers.hypergradient.implicit.AID`'s.
+    The iteration and its draws (the "Draws" table) are
+    :class:`~bilevel.solvers.hypergradient.implicit.AID`'s.
 
     Args:
         lr_outer, lr_inner, batch_size, inner_steps, warm_start, fresh_hessian: as

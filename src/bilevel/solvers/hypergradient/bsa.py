@@ -41,6 +41,15 @@ class BSA(StochasticApproximation):
     Every oracle has its own independent minibatch: T for the inner steps, N - 1 Hessian
     samples for v, one for the cross term (phi_(0)) and one outer one (xi_k, both f-gradients).
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; third key of the
+    step's split)::
+
+        inner(t), t < T               inner SGD step t (Alg. 1)
+        inner(T + j - 1), 1 <= j < N  the Hessian of factor j (Alg. 3)
+        inner(T + N - 1)              the cross term, phi_(0)
+        outer(0)                      xi_k: both partials of f
+        third key                     p of the "random" product (split whichever estimate runs)
+
     The Hessian-inverse estimate (``hessian_inverse``) is the same as TTSA's: Ghadimi & Wang's
     randomised product N eta prod_{i=1}^{p}(I - eta H_i), p ~ U{0..N-1} ("random"), or the
     Neumann sum with the same mean ("sum", default: noise-free on deterministic problems and of

@@ -246,6 +246,14 @@ class AID(ImplicitSolver):
     ``stochastic=True``, the stochastic AID of Sow, Ji & Liang, NeurIPS 2022, Sec. 4.2): K
     Hessian samples per step instead of one, so N + K + 1 inner minibatches. Timed by a
     :class:`~bilevel.solvers.hypergradient.timing.DoubleLoop` of N steps.
+
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches)::
+
+        inner(t), t < N   inner SGD step t
+        inner(N)          all K Hessian-vector products, B_H (hypertorch's default); with
+                          ``fresh_hessian``, inner(N + i) product i (Sow, Ji & Liang, Sec. 4.2)
+        inner(N + 1)      the cross product, B_C (inner(N + K) with ``fresh_hessian``)
+        outer(0)          both partials of f, D_F
     """
 
     lr_outer: Any = "auto"

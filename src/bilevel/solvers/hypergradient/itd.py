@@ -67,6 +67,12 @@ class ITD(Solver):
     With ``batch_size`` every unrolled step uses its own minibatch B_t (differentiating through
     SGD); the PZOBO paper runs ITD only deterministically ("no stochastic version").
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches)::
+
+        inner(t), t < N   unrolled step t: its gradient forward, and its Hessian-vector and
+                          cross products in the backward pass (the same B_t)
+        outer(0)          both partials of f at (x_k, y_N), D_F
+
     Args:
         lr_outer: x step, float or schedule.
         lr_inner: inner (S)GD step, float or schedule; ``"auto"`` (default) is ``1/L_g``.

@@ -119,6 +119,12 @@ class SABA(SOBA):
     Indices are drawn uniformly with replacement (``bilevel.core.sampling``); with a minibatch the
     estimate averages ``q_b - w_b`` over its rows, and each row is evaluated as a batch of one.
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; Sec. 2.2: one
+    inner index i and one outer index j)::
+
+        inner(0), inner_rows(0)   the three inner terms and the memory rows they overwrite
+        outer(0), outer_rows(0)   the two partials of f and their memory rows
+
     Theorem 2: with constant steps rho, gamma ~ (n + m)^{-2/3},
     1/T sum_t E||grad h(x^t)||^2 = O((n + m)^{2/3} / T), the rate of full-batch gradient
     descent; Theorem 3: linear convergence under a Polyak-Lojasiewicz condition on h. So SABA

@@ -62,6 +62,12 @@ class SOBA(ImplicitSolver):
     with v_0 = 0. Per step: one y-gradient of g, one Hessian-vector product, one cross product
     and one fused gradient of f, on one inner and one outer minibatch.
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; Sec. 2.1, eqs.
+    (10a)-(10c): "the same indices" for the three directions)::
+
+        inner(0)   sample i: the y-gradient, the Hessian product and the cross term
+        outer(0)   sample j: both partials of f
+
     Step sizes. Theorem 1: with rho_t = rho_0 t^{-2/5} and gamma_t = gamma_0 t^{-3/5},
     inf_{t <= T} E||grad h(x^t)||^2 = O(log(T) T^{-2/5}) (``regime="decreasing"``, ``k0=1``).
     ``regime="constant"`` (default) keeps rho and gamma fixed, as benchopt's

@@ -35,6 +35,14 @@ class StocBiO(ImplicitSolver):
     the family's :class:`~bilevel.solvers.hypergradient.adjoint.Neumann` adjoint with Q + 1
     terms, timed by a :class:`~bilevel.solvers.hypergradient.timing.DoubleLoop` of D steps.
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches), each fresh as
+    Algorithms 2-3 draw them::
+
+        inner(t), t < D                 inner SGD step t
+        inner(D + j - 1), 1 <= j <= Q   the Hessian H_j of Neumann factor j, B_j (Alg. 3)
+        inner(D + Q)                    the cross product, D_G
+        outer(0)                        both partials of f, D_F
+
     Args:
         lr_outer: x step (alpha), float or schedule.
         lr_inner: inner SGD step (beta), float or schedule; ``"auto"`` (default) is ``1/L_g``

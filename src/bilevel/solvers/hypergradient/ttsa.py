@@ -60,6 +60,16 @@ class TTSA(StochasticApproximation):
     "sum" is the default because the random product stays noisy on noise-free problems (so no
     deterministic convergence) and its cost is random; "random" is the papers' literal estimator.
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; third key of the
+    step's split)::
+
+        inner(0)               phi^k: the y-gradient (7a) and the cross term (7b)
+        inner(j), 1 <= j < N   the Hessian of factor j, each its own sample ("growing": only
+                               j < t_max(k); the other declared draws are neither used nor
+                               counted)
+        outer(0)               xi^k: both partials of f
+        third key              p of the "random" product (split whichever estimate runs)
+
     Fidelity notes: the STABLE paper's (7) evaluates both updates at (x^k, y^k) and uses the
     y-gradient's sample phi^k in the cross term; that is what is run here. benchopt's TTSA
     evaluates the hypergradient at the updated y^{k+1} (Gauss-Seidel order), which we believe

@@ -72,6 +72,15 @@ class AF2OBO(PenaltyOnlineSolver):
     ``res.history`` (``inner_iterations_z``, ``inner_iterations_y``): a round at the cap shows
     ``max_inner_steps`` there. The gradient a test evaluates is the one its step uses.
 
+    Draws of round t (with ``batch_size``; keys ``(next, z_key, y_key, h_key) =
+    split(state.key, 4)``, each draw one ``batch_size`` minibatch of round t's samples)::
+
+        fold_in(z_key, i): inner(0)    grad_y g at z, test and step i of the z loop (lines 4-5)
+        fold_in(y_key, i): outer(0)    grad_y f at y, test and step i of the y loop (lines 7-8)
+        fold_in(y_key, i): inner(0)    grad_y g at y, test and step i of the y loop (lines 7-8)
+        h_key: outer(0)                xi: grad_x f of ghat (line 10)
+        h_key: inner(0)                zeta: both grad_x g terms of ghat (line 10)
+
     Args:
         lr_outer: gamma, the constant x step; default ``"auto"`` (as F2OBO: tuned by
             ``bl.solve_online`` below the stable bound of the round map; a quarter of the

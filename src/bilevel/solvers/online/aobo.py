@@ -151,6 +151,14 @@ class AOBO(HypergradientRound):
     with y_1 = y0 and v_1 = 0. The y loop is AF2OBO's (arXiv:2602.11665, Algorithm 2 lines 3-6,
     which cites AOBO for it); the rest is inferred (module docstring).
 
+    Draws of round t (the second key of ``split(state.key)``; the layout is ours, AOBO's
+    pseudocode could not be read: module docstring)::
+
+        inner(0)              grad_y g of every y step and stopping test of the round
+        inner(1 + i), i < K_v the i-th linear-system product d2g/dy2 v
+        inner(K_v + 1)        the cross term d2g/dxdy v_{t+1} of h_t
+        outer(0)              both partials of f at y_{t+1} (grad_y f of every v step, grad_x f)
+
     Args:
         lr_outer: gamma, default ``"auto"``: tuned by ``bl.solve_online`` below the stable
             bound of the round map (``bilevel.drivers.online``); a number above it is refused.

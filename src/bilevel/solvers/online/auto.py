@@ -278,11 +278,13 @@ def inner_contraction(step: float, mu: float, smooth: float) -> float:
 def penalty_inner_steps(lam_last: float, rho: float, c: float = 1.0) -> int:
     """Theorem 3.1's K: the least K >= max{1 - ln 2 / ln rho, ln(lam_T^2 / c) / ln(1 / rho)}
     (so that 2 rho^K <= rho and lam_T^2 rho^K <= c)."""
-    if not 0.0 < rho < 1.0:
+    if not 0.0 <= rho < 1.0:
         raise ValueError(
             f"inner_steps='auto' needs inner steps that contract (rho = {rho:.3g}); give smaller "
             "lr_inner / lr_lagrangian or inner_steps as an int."
         )
+    if rho == 0.0:  # one step lands on the minimiser (step 1/L with mu = L): K = 1 holds both
+        return 1
     log_rho = math.log(rho)
     k = max(1.0 - math.log(2.0) / log_rho, math.log(lam_last**2 / c) / -log_rho)
     return max(1, math.ceil(k - 1e-9))
@@ -293,9 +295,11 @@ def unrolled_inner_steps(horizon: int, rho: float) -> int:
     round, so that the squared truncation error of an iterative-differentiation
     hypergradient, which shrinks like rho^K, sums to O(1) over the horizon (OBBO's
     O(T log T) gradient calls in Table 1 of Jia & Chen, arXiv:2602.11665)."""
-    if not 0.0 < rho < 1.0:
+    if not 0.0 <= rho < 1.0:
         raise ValueError(
             f"inner_steps='auto' needs inner steps that contract (rho = {rho:.3g}); give a "
             "smaller lr_inner or inner_steps as an int."
         )
+    if rho == 0.0:  # exact after one step: T rho^K = 0 <= 1 at K = 1
+        return 1
     return max(1, math.ceil(math.log(max(horizon, 2)) / -math.log(rho) - 1e-9))

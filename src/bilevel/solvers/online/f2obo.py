@@ -150,6 +150,15 @@ class F2OBO(PenaltyOnlineSolver):
     product formula, lam_t = lam_1 prod_{s<=t} (1 + 1/s)^tau, would give lam_1 (t + 1)^tau, one
     round ahead). z_1 = y_1 = y0.
 
+    Draws of round t (``inner(i)``, ``outer(i)`` of round t's minibatches, drawn with the second
+    key of ``split(state.key)``; Algorithm 3's layout, which Algorithm 1 reads with full
+    rounds)::
+
+        inner(k), k < K   zeta_t^k: grad_y g at z AND grad_y g at y, inner step k (line 7)
+        outer(k), k < K   xi_t^k: grad_y f at y, inner step k (line 7)
+        outer(K)          xi_t: grad_x f of ghat (line 10)
+        inner(K)          zeta_t: both grad_x g terms of ghat, at y_{t+1} and z_{t+1} (line 10)
+
     Args:
         lr_outer: gamma, the x step (a float, or a schedule of the round t). Default
             ``"auto"``: ``bl.solve_online`` tunes it on the first rounds, over a grid below the

@@ -30,6 +30,13 @@ class F2OBOSingleLoop(F2OBO):
     ``inner_steps`` must stay 1 (use ``"f2obo"`` for K > 1). Nothing here depends on the
     horizon T (Theorem 3.2's schedules are in t), so no default follows it; ``lr_outer`` is
     ``"auto"`` as for F2OBO (gamma_1, the step of round 1, which bounds every later gamma_t).
+
+    Draws of round t: F2OBO's (Algorithm 3's layout) with K = 1::
+
+        inner(0)   zeta_t^0: grad_y g at z AND grad_y g at y, the inner step (line 7)
+        outer(0)   xi_t^0: grad_y f at y, the inner step (line 7)
+        outer(1)   xi_t: grad_x f of ghat (line 10)
+        inner(1)   zeta_t: both grad_x g terms of ghat (line 10)
     """
 
     inner_steps: int = 1

@@ -35,6 +35,14 @@ class FSOBO(HypergradientRound):
     Table 1 gives O(T) gradient and O(T) HVP queries and regret
     O(1 + V_T + H_{2,T} + E_{2,T}), which one step of each per round matches.
 
+    Draws of round t (AOBO's layout with K_v = 1, the second key of ``split(state.key)``; ours,
+    not the paper's: its pseudocode could not be read)::
+
+        inner(0)   grad_y g of the y step
+        inner(1)   the Hessian product d2g/dy2 v_t of the v step
+        inner(2)   the cross term d2g/dxdy v_{t+1}
+        outer(0)   both partials of f at y_{t+1} (grad_y f of the v step, grad_x f)
+
     Args:
         lr_outer: gamma, default ``"auto"`` (tuned by ``bl.solve_online`` below the stable
             bound of the round map; F2OBO paper, Appendix A: 0.001 for "all algorithms").

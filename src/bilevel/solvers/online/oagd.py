@@ -66,6 +66,14 @@ class OAGD(OnlineSolver):
     eta-weighted average of the hypergradients of the last w rounds' functions at the current
     (x_t, y_{t+1}) (module docstring).
 
+    Draws of round t (keys ``(next, batch_key, window_key) = split(state.key, 3)``; the
+    minibatch layout is ours, not checked against the paper's pseudocode)::
+
+        batch_key: inner(k), k < K         grad_y g_t of y step k (round t's samples)
+        split(window_key, w)[i]: outer(0)  grad_x f, grad_y f of member i (round t - i's)
+        split(window_key, w)[i]: inner(0)  every CG product d2g/dy2 and the cross term of
+                                           member i (round t - i's samples)
+
     Args:
         lr_outer: gamma, the x step. Default ``"auto"``: tuned by ``bl.solve_online`` below
             the stable bound of the round map (``bilevel.drivers.online``); a number above it

@@ -65,6 +65,14 @@ class OBBO(OnlineSolver):
     r"""OBBO (Bohne et al., arXiv:2409.10470): a Euclidean Bregman (projected) x step along the
     ITD hypergradient through K warm-started inner GD steps (module docstring).
 
+    Draws of round t (the second key of ``split(state.key)``; the unrolled steps' zeta_k and the
+    hypergradient's xi of the module docstring's round, not checked against the paper's
+    pseudocode)::
+
+        inner(k), k < K   zeta_k: grad_y g of unrolled step k, and its d2g/dy2 and d2g/dxdy
+                          products in the reverse pass
+        outer(0)          xi: both partials of f at y_t^K (the ITD hypergradient h_t)
+
     Args:
         lr_outer: gamma, the x step (float or schedule of t). Default ``"auto"``: tuned by
             ``bl.solve_online`` on the first rounds, below the stable bound of the round map

@@ -84,6 +84,15 @@ class SF2OBO(F2OBO):
     batch_schedule="constant", b=None, inner_steps=5, tau=1.0, lr_inner=0.1,
     lr_outer=0.001, batch_size=256``: F2OBO exactly (same draws, same counts).
 
+    Draws of round t (Algorithm 3; the second key of ``split(state.key)``): ``max_inner_steps
+    + 1`` draws per level are prepared with the theory K_t (K_t + 1 with the constant one), each
+    of ``batch_size`` rows of which the first B_t count (all of them with the constant B)::
+
+        inner(k), k < K_t   zeta_t^k: grad_y g at z AND grad_y g at y, inner step k (line 7)
+        outer(k), k < K_t   xi_t^k: grad_y f at y, inner step k (line 7)
+        outer(K_t)          xi_t: grad_x f of ghat (line 10)
+        inner(K_t)          zeta_t: both grad_x g terms of ghat (line 10)
+
     Args:
         lr_outer, lr_inner, lr_lagrangian, batch_size, lam1: as F2OBO
             (:class:`~bilevel.solvers.online.f2obo.F2OBO`); ``lr_inner`` is alpha_1 and

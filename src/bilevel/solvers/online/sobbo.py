@@ -30,6 +30,9 @@ class SOBBO(OBBO):
     its round map is stable only for a step about w times smaller than a plain step's
     (``OnlineSolver.stable_outer_step``), too small to track a stream of a few hundred rounds
     at w = 50. Per-round counts as OBBO's: one ITD estimate per round, none re-evaluated.
+
+    Draws of round t: OBBO's (``inner(k)`` for unrolled step k < K, ``outer(0)`` for the ITD
+    hypergradient); the stored estimates of earlier rounds are not re-drawn.
     """
 
     window: int = 10

@@ -58,6 +58,14 @@ class SOBOW(OnlineSolver):
     r"""SOBOW (Lin et al., NeurIPS 2023): single-loop y and linear-system steps, x along the
     eta-weighted window average of the last w stored hypergradient estimates (module docstring).
 
+    Draws of round t (the second key of ``split(state.key)``; the layout is ours, the paper's
+    pseudocode could not be read: module docstring)::
+
+        inner(k), k < K   grad_y g of y step k
+        inner(K)          every d2g/dy2 product of the N linear-system steps (one system)
+        inner(K + 1)      the cross term d2g/dxdy v_{t+1} of h_t
+        outer(0)          both partials of f at y_{t+1} (grad_y f of the system, grad_x f)
+
     Args:
         lr_outer: gamma, the x step. Default ``"auto"``: tuned by ``bl.solve_online`` below
             the stable bound of the round map, which the window of stored estimates lowers

@@ -79,6 +79,15 @@ class SOGD(OnlineSolver):
     gradient variation of round t - 1 to t (the E terms of the regret). The exact recursion
     and the order of the updates are NOT verified against the paper (module docstring).
 
+    Draws of round t (the second key of ``split(state.key)``; zeta_t and xi_t above, the layout
+    ours)::
+
+        inner(0)   grad_y g of the y step
+        inner(1)   the Hessian product d2g/dy2 v_t of the v step
+        inner(2)   the cross term of h_t AND of the correction h_t(x_{t-1}, y_t, v_t)
+        outer(0)   every f gradient: grad_y f of the v step, grad_x f of h_t and of the
+                   correction
+
     Args:
         lr_outer: gamma, default ``"auto"`` (tuned by ``bl.solve_online`` below the stable
             bound of the round map; F2OBO paper, Appendix A, Experiment 2: 0.001).

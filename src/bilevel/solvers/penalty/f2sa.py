@@ -128,6 +128,17 @@ class F2SA(Solver):
                                       + lam_k (grad_x g(x_k, y) - grad_x g(x_k, z))])
         lam_{k+1} = lam_0 ((k + 1 + k0)/k0)^(a - c)
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches), a fresh one per
+    oracle as Algorithm 1 draws them::
+
+        inner(2t), t < T    grad_y g at z in inner step t
+        inner(2t + 1)       grad_y g at y in inner step t
+        outer(t), t < T     grad_y f at y in inner step t
+        inner(2T)           grad_x g at y
+        inner(2T + 1)       grad_x g at z (inner(2T), one sample for both, with
+                            ``shared_x_sample``: Appendix C)
+        outer(T)            grad_x f
+
     The x-gradients are taken at the old x_k and the new y, z (eq. (10)). The paper is
     unconstrained; with ``x_set`` the x step is projected (a projected-gradient extension).
     ``solve`` reports ``z`` as the estimate of ``y*(x)`` (``y`` is pulled toward f).

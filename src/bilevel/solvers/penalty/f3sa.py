@@ -111,9 +111,17 @@ class F3SA(Solver):
 
     The previous points of the recursions are (x_{k-1}, z_{k-1}), (x_{k-1}, y_{k-1}) for the
     y-estimators and (x_{k-1}, y_k), (x_{k-1}, z_k) for the x-estimators: the points the
-    estimator of step k-1 was evaluated at. Schedules (9a): alpha_k ~ (k+k0)^-a,
-    gamma_k ~ (k+k0)^-c, eta_k = (k+1)^(-2c) with eta_0 = eta_1 = 1. The y step on the g part is
-    beta_k = alpha_k lam_k = gamma_k (F2SA: gamma_k / 2).
+    estimator of step k-1 was evaluated at. Each estimator has one sample per step, used at
+    both of its points (Appendix C; ``inner(i)``, ``outer(i)`` of the step's minibatches)::
+
+        outer(0)   zeta_y: ht_fy          outer(1)   zeta_x: ht_fx
+        inner(0)   phi_z: ht_gz           inner(1)   phi_y: ht_gy
+        inner(2)   phi_x: ht_gxy and ht_gxz (``shared_x_sample``, the default); otherwise
+                   ht_gxy, with inner(3) for ht_gxz
+
+    Schedules (9a): alpha_k ~ (k+k0)^-a, gamma_k ~ (k+k0)^-c, eta_k = (k+1)^(-2c) with
+    eta_0 = eta_1 = 1. The y step on the g part is beta_k = alpha_k lam_k = gamma_k (F2SA:
+    gamma_k / 2).
 
     Args:
         lr_outer: initial x step ``xi * alpha_0`` (then ``* (k0/(k+k0))^a``), or a schedule.

@@ -107,6 +107,13 @@ class STABLE(Solver):
         y^{k+1} = y^k - beta_k grad_y g(x^k, y^k; phi^k)
                       - (H_yy^k)^{-1} (H_xy^k)^T (x^{k+1} - x^k)                         (8b)
 
+    Draws of one step (``inner(i)``, ``outer(i)`` of the step's minibatches; Algorithm 1 draws
+    the two data phi^k and xi^k per iteration)::
+
+        inner(0)   phi^k: h_xy and h_yy at (x^{k-1}, y^{k-1}) AND at (x^k, y^k) (the STORM
+                   correction differences one sample), and h_g^k of (8b) (eq. (6))
+        outer(0)   xi^k: both partials of f
+
     Pbar is the Frobenius-ball projection of radius ``max_cross_norm`` (the paper's C_gxy) and
     Punder the eigenvalue floor at ``mu_g`` (Assumption 2's strong-convexity constant). The y-step
     uses the projected x-step (x first, Gauss-Seidel). On the deterministic quadratic with exact

@@ -50,6 +50,14 @@ class HOZOG(PathDifferenceSolver):
         gradhat = (c / (mu Q)) sum_j [f(x_k + mu u_j, Y_j^N) - f(x_k, y^N)] u_j
         x_{k+1} = x_k - beta gradhat
 
+    Draws of one step with ``batch_size`` (our extension; ``inner(i)``, ``outer(i)`` of the
+    step's minibatches; third key of the step's split)::
+
+        inner(t), t < N   inner step t of all Q + 1 paths (``shared_batches=False``:
+                          inner(jN + t) for path j, 0 = unperturbed)
+        outer(0)          all Q + 1 values of f, so each difference sees one sample
+        third key         the directions u_1..u_Q
+
     Args:
         Same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer "auto",
         tuned by ``bl.solve``; lr_inner "auto" = 1/L_g; full batches, N = 20, Q = 1, mu = 0.01

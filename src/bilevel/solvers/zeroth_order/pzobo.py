@@ -398,6 +398,16 @@ class PZOBO(PathDifferenceSolver):
         gradhat = grad_x f(x_k, y^N) + (1/Q) sum_j <delta_j, grad_y f(x_k, y^N)> u_j  (l. 14, eq. 5)
         x_{k+1} = x_k - beta gradhat                                         (line 15)
 
+    Draws of one step with ``batch_size`` (``inner(i)``, ``outer(i)`` of the step's
+    minibatches; third key of the step's split)::
+
+        inner(t), t < N   inner step t of ALL Q + 1 paths (Algorithm 2, lines 3-6: one S_{t-1}
+                          for every path); ``shared_batches=False``: inner(jN + t) for path j
+                          (0 = unperturbed), an ablation
+        outer(0)          D_F, drawn independently of the inner draws (Algorithm 2, line 13):
+                          both partials of f at (x_k, y^N)
+        third key         the directions u_1..u_Q
+
     Args:
         lr_outer: beta, float or schedule (Theorem 1: beta = 1/(L_Phi sqrt K); the experiments
             use Adam, see ``outer_optimizer``). Default ``"auto"``: tuned by ``bl.solve`` on

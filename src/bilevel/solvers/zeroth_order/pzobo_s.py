@@ -40,6 +40,9 @@ class PZOBOS(PZOBO):
     ``bl.diagnose``; 1/L if g does not look strongly convex). The inner and outer minibatches
     have the same size.
 
+    Draws: those of :class:`PZOBO` (its table): inner(t) for step t of every path (S_t above),
+    outer(0) for D_F, the third key of the step's split for the directions u_j.
+
     References:
         Sow, Ji, Liang. "On the Convergence Theory for Hessian-Free Bilevel Algorithms."
         NeurIPS 2022 (arXiv:2110.07004).
