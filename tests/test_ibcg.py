@@ -264,3 +264,16 @@ def test_auto_gamma_needs_a_horizon(problem):
     np.testing.assert_allclose([gamma(0), gamma(9), gamma(39)], [0.1, 0.1, 0.05], rtol=1e-12)
     solver = dataclasses.replace(solver, gamma_rule="nonconvex")
     np.testing.assert_allclose(solver.resolve(problem).lr_outer, 0.1)  # 1/sqrt(100)
+
+
+def test_last_iterate_gammas_of_every_horizon_share_one_program(problem):
+    """The default ``"last-iterate"`` gamma is a ``TracedSchedule``: its numbers are leaves of
+    the solver, so runs of different horizons (every ``bl.solve(..., steps=K)``) reuse one
+    compiled step; a static callable would compile one program per K."""
+    step = jax.jit(lambda solver, state: solver.step(problem, state))
+    for horizon in (100, 400):
+        solver = bl.solvers.make("ibcg", lr_inner=0.1, lr_adjoint=0.1, horizon=horizon)
+        solver = solver.resolve(problem)
+        state = step(solver, solver.init(problem, jax.random.PRNGKey(0)))
+        assert float(state.k) == 1
+    assert step._cache_size() == 1

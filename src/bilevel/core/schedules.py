@@ -31,6 +31,7 @@ so :func:`step_size` only does traced arithmetic on it: no Python ``if`` or ``fl
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "inverse_power",
     "as_schedule",
     "check_step_size",
+    "TracedSchedule",
 ]
 
 
@@ -123,3 +125,18 @@ def check_step_size(value: Any, name: str) -> None:
 def as_schedule(value: float | Schedule) -> Schedule:
     """A float becomes a constant schedule; a callable is returned as is."""
     return value if callable(value) else constant(value)
+
+
+class TracedSchedule(abc.ABC):
+    """A schedule object whose numbers are pytree leaves (subclasses register themselves with
+    ``jax.tree_util.register_dataclass``).
+
+    A solver carries a plain callable in its static treedef, so two solvers whose schedules
+    differ only in numbers compile two programs; it carries a ``TracedSchedule`` as leaves, so
+    they share one (e.g. IBCG's ``"last-iterate"`` gamma for every horizon K). ``__call__`` must
+    then use traced arithmetic only (no ``float()`` or Python ``if`` on its fields).
+    """
+
+    @abc.abstractmethod
+    def __call__(self, k: Any) -> jax.Array:
+        """The step at iteration ``k``."""

@@ -34,7 +34,7 @@ import optax
 from bilevel.core import sampling
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem, ProblemKindError
-from bilevel.core.schedules import check_step_size
+from bilevel.core.schedules import TracedSchedule, check_step_size
 from bilevel.core.tree import tree_axpy, tree_norm
 
 PyTree = Any
@@ -444,12 +444,13 @@ def _numeric_field(fld: dataclasses.Field) -> bool:
 
 def _is_leaf(fld: dataclasses.Field, value) -> bool:
     """The flatten rule: floats, arrays (tracers included) and tuples of floats are leaves,
-    unless the field says ``metadata={"static": True}``; bools, ints, None, strings and
-    callables are static (they set shapes or code paths)."""
+    unless the field says ``metadata={"static": True}``, and so are the numbers of a
+    ``TracedSchedule``; bools, ints, None, strings and other callables are static (they set
+    shapes or code paths)."""
     if fld.metadata.get("static", False) or isinstance(value, bool | np.bool_):
         return False
-    if isinstance(value, float | np.floating | np.ndarray | jax.Array):
-        return True
+    if isinstance(value, float | np.floating | np.ndarray | jax.Array | TracedSchedule):
+        return True  # a TracedSchedule is a pytree of float leaves (core/schedules.py)
     if isinstance(value, int | np.integer):
         return _numeric_field(fld)
     return isinstance(value, tuple) and bool(value) and all(_is_float(v) for v in value)

@@ -26,7 +26,7 @@ from bilevel.core import oracles
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.sampling import Minibatches
-from bilevel.core.schedules import step_size
+from bilevel.core.schedules import TracedSchedule, step_size
 from bilevel.core.tree import tree_axpy, tree_norm, tree_sub, tree_zeros_like
 from bilevel.solvers.base import OuterState, _is_auto
 from bilevel.solvers.common import implicit_hypergradient, inner_sgd
@@ -70,8 +70,9 @@ def horizon_step(horizon: float, rule: str) -> float:
 TAIL_START = 0.1
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class LastIterateGamma:
+class LastIterateGamma(TracedSchedule):
     r"""``gamma_k = gamma min(1, sqrt(k_1 / (k + 1)))`` with ``k_1 = TAIL_START K``: Corollary
     4.4's constant ``gamma = 1/sqrt(K)`` for the first tenth of the horizon, then decaying like
     ``1/sqrt(k)`` (IBCG's ``gamma_rule="last-iterate"``, not in the paper).
@@ -82,7 +83,8 @@ class LastIterateGamma:
     The theorem's argument still applies: the best gap is at most ``(l(x_0) - l* + C sum_k
     gamma_k^2) / sum_k gamma_k``, and here ``sum gamma_k >= 0.53 sqrt(K)``, ``sum gamma_k^2 <=
     0.33`` (against ``sqrt(K)`` and 1 for the constant step): the same ``O(1/sqrt(K))`` order.
-    A schedule ``k -> gamma_k`` (``bilevel.core.schedules.step_size`` calls it).
+    A schedule ``k -> gamma_k`` (``bilevel.core.schedules.step_size`` calls it) whose numbers
+    are traced leaves of the solver, so runs of different horizons share one compiled program.
     """
 
     gamma: float
