@@ -89,7 +89,7 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
     if not STAND_INS[name]:
         assert "SUBSTITUTE" not in claims
     assert "SUBSTITUTE: Fashion-MNIST" not in claims and "SUBSTITUTE: MNIST" not in claims
-    assert "QUICK RUN" in claims and "| claim | paper | measured | verdict |" in claims
+    assert "QUICK RUN" in claims and "| protocol | claim | paper | measured | verdict |" in claims
     assert list(root.glob("*.png")), "no figure written"
     if name == "pzobo-hyperrep-2layer":  # panel (e) and the N-sweep (f) beside the main one
         assert (root / "hypergrad_norm.png").exists() and (root / "n_sweep.png").exists()

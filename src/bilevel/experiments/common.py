@@ -26,6 +26,7 @@ from bilevel.drivers.results import DivergenceWarning
 from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import final_means, sweep
 from bilevel.drivers.tuning import needs_tuning
+from bilevel.experiments.protocols import PAPER, Protocol
 from bilevel.experiments.report import plot_history
 from bilevel.solvers import make
 
@@ -73,12 +74,15 @@ class Method:
 
 @dataclasses.dataclass
 class Claim:
-    """A claim or number of the paper beside what this run measured."""
+    """A claim or number of the paper beside what this run measured, under the protocol named
+    (``"paper"``, the paper's own settings, unless a second protocol is judged:
+    :mod:`bilevel.experiments.protocols`)."""
 
     claim: str
     paper: str
     measured: str
     verdict: str  # "reproduced", "partly", "not reproduced", "n/a (quick run)", ...
+    protocol: str = PAPER
 
 
 @dataclasses.dataclass
@@ -274,8 +278,12 @@ def write_outputs(
     figure_metrics: dict[str, str] | None = None,
     linear_figures: tuple[str, ...] = (),
     xs: tuple[str, ...] = ("samples", "seconds"),
+    protocols: Sequence[Protocol] = (),
 ) -> ExperimentOutput:
     """Write curves/*.csv, the figures (PNG) and claims.md into ``out_dir``.
+
+    ``protocols`` are listed in claims.md with every setting's source; each claim's row names
+    the protocol it was judged on.
 
     Each figure plots ``metric`` unless ``figure_metrics`` names another for it, on a log axis
     if ``logy`` unless it is one of ``linear_figures`` (accuracies, say), one panel per history
@@ -293,7 +301,7 @@ def write_outputs(
             logy=logy and fig_name not in linear_figures,
             xs=xs,
         )
-    lines = _claims_markdown(title, claims, notes, quick, seconds, setting)
+    lines = _claims_markdown(title, claims, notes, quick, seconds, setting, protocols)
     lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in figs) + "; curves: `curves/*.csv`."]
     (out_dir / "claims.md").write_text("\n".join(lines) + "\n")
     _write_summary(out_dir / "summary.json", name, quick, seconds, histories)
@@ -316,7 +324,7 @@ def _write_curves(curves: Path, histories: dict[str, pd.DataFrame]) -> None:
         hist.to_csv(curves / f"{safe}.csv", index=False)
 
 
-def _claims_markdown(title, claims, notes, quick, seconds, setting) -> list[str]:
+def _claims_markdown(title, claims, notes, quick, seconds, setting, protocols=()) -> list[str]:
     """The lines of claims.md up to its claims table (the figures' line follows)."""
     lines = [f"# {title}", ""]
     if quick:
@@ -328,11 +336,16 @@ def _claims_markdown(title, claims, notes, quick, seconds, setting) -> list[str]
     lines += [f"Wall time of this run: {seconds:.1f} s.", ""]
     if setting:
         lines += ["## Setting", ""] + [f"- {k}: {_fmt(v)}" for k, v in setting.items()] + [""]
+    if protocols:
+        lines += ["## Protocols", ""]
+        for protocol in protocols:
+            lines += protocol.markdown()
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    lines += ["## Claims", "", "| claim | paper | measured | verdict |", "|---|---|---|---|"]
+    header = "| protocol | claim | paper | measured | verdict |"
+    lines += ["## Claims", "", header, "|---|---|---|---|---|"]
     for c in claims:
-        cells = [c.claim, c.paper, c.measured, c.verdict]
+        cells = [c.protocol, c.claim, c.paper, c.measured, c.verdict]
         lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
     return lines
 
