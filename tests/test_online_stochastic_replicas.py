@@ -611,3 +611,13 @@ def test_regret_terms_use_gamma_t_on_a_constrained_stream(name):
     np.testing.assert_allclose(res.regret, np.cumsum(terms), rtol=1e-10)
     assert active >= 2, active  # the projection shaped G_X
     assert np.max(np.abs(np.array(fixed) - terms) / np.array(terms)) > 1e-3  # gamma_t is seen
+
+
+def test_every_online_solver_has_a_stochastic_replica():
+    """Issue #34: every registered online solver (all take ``batch_size``) is replayed above,
+    so a new one fails here until its replica is written."""
+    covered = {case.removesuffix("-theory") for case in PENALTY_CASES}
+    covered |= set(HYPERGRADIENT_CASES) | set(ITD_CASES) | {"af2obo", "sobow", "oagd", "sogd"}
+    assert covered == set(bl.solvers.names("online")), sorted(
+        covered ^ set(bl.solvers.names("online"))
+    )
