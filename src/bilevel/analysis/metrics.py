@@ -144,9 +144,13 @@ def reference_hypergradient(
     """grad F(x) for a y too large for dense Hessians: a high-accuracy matrix-free reference.
 
     y*(x) by ``gd_steps`` gradient steps on g(x, .) from ``y`` with step ``1 / L``, where L is
-    the largest eigenvalue of d^2 g/dy^2 at (x, y) by ``power_steps`` power iterations on
-    Hessian-vector products (the Rayleigh quotient never exceeds the true L; GD is stable for
-    any step below 2/L, so an estimate within a factor 2 suffices); then the adjoint
+    the spectral radius of d^2 g/dy^2 at (x, y) (its largest eigenvalue when g is convex in y),
+    estimated as ``||H u|| / ||u||`` after ``power_steps`` power iterations ``u <- H u`` on
+    Hessian-vector products (never above the true L; GD is stable for any step below 2/L, so an
+    estimate within a factor 2 suffices). Not the Rayleigh quotient ``u^T H u / u^T u``: for a
+    non-convex g (a network's weights) the power iteration may settle on a direction of
+    negative curvature, where that quotient is negative and ``1 / L`` would be a huge step
+    (a NaN reference; issue #35). Then the adjoint
     ``v = [d^2 g/dy^2]^{-1} grad_y f`` by ``cg_steps`` conjugate-gradient iterations
     (``bilevel.core.linsolve.cg``) and ``grad F = grad_x f - (d^2 g/dx dy) v``. Its accuracy is the
     inner problem's: ``(1 - 1/kappa)^gd_steps`` for condition number kappa.
@@ -166,7 +170,8 @@ def reference_hypergradient(
     noise = [jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, leaves, strict=True)]
     start = jax.tree.unflatten(treedef, noise)
     v, _ = jax.lax.scan(power, start, None, length=power_steps)
-    step = tree_vdot(v, v) / jnp.maximum(tree_vdot(v, hvp(y, v)), 1e-30)  # 1 / L
+    # 1 / L with L = ||H v|| / ||v||, positive whatever the sign of the curvature along v
+    step = tree_norm(v) / jnp.maximum(tree_norm(hvp(y, v)), 1e-30)
 
     def descend(y_, _):
         return tree_axpy(-step, oracles.grad_y(inner, x, y_, inner_data), y_), None
