@@ -128,3 +128,14 @@ def test_verdicts_follow_the_papers_ratios():
     table = E.table3(runs((100.0, 150.0, 40.0)), ["SF2OBO", "SOBBO"])
     assert table.loc[2, "training loss"] == "1.3000 ± 0.0000" and table.loc[1, "test accuracy"]
     assert table.loc[1, "training loss"] == "not run"  # SOGD, in Table 3's row order
+
+
+def test_per_round_costs_divide_the_cumulative_counts_by_the_rounds():
+    """Issue #35: gradient, HVP and sample counts per round beside the seconds (cumulative
+    counts at the last round played, over the rounds played)."""
+    h = pd.DataFrame(
+        {"grad_f": [1, 2, 3, 4], "grad_g": [2, 4, 6, 8], "hvp": [0, 1, 2, 3], "cross": [1] * 4,
+         "samples": [10, 20, 30, 40]}
+    )  # fmt: skip
+    costs = E.per_round_costs(h, rounds=3)
+    assert costs == {"grad_per_round": 3.0, "hvp_per_round": 1.0, "samples_per_round": 10.0}
