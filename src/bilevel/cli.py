@@ -83,12 +83,17 @@ def _bad_input_as_message(flags: bool = False):
         raise typer.Exit(code=2) from err
 
 
-def _check_run_flags(steps: int, seeds: int, eval_every: int | None, out: Path) -> int:
-    """The flags ``run`` and ``sweep`` share, checked before anything is imported or built;
-    returns the evaluation interval (default: steps/100, so a figure has ~100 points)."""
+def _check_run_flags(
+    steps: int, seeds: int, eval_every: int | None, out: Path, checkpoint_every: float = 30.0
+) -> int:
+    """The flags ``run`` and ``sweep`` share (and ``run``'s ``--checkpoint-every``), checked
+    before anything is imported or built; returns the evaluation interval (default: steps/100,
+    so a figure has ~100 points)."""
     for flag, value in (("--steps", steps), ("--seeds", seeds), ("--eval-every", eval_every)):
         if value is not None and value < 1:
             _fail(f"{flag} must be a positive integer, got {value}.")
+    if not checkpoint_every > 0:  # NaN too
+        _fail(f"--checkpoint-every must be a positive number of seconds, got {checkpoint_every}.")
     if out.exists() and not out.is_dir():
         _fail(f"--out {out} is a file; give a directory for the outputs.")
     return eval_every if eval_every is not None else max(1, steps // 100)
@@ -148,6 +153,12 @@ def run(
     checkpoint: bool = typer.Option(
         True, help="checkpoint into OUT/checkpoint and resume from it when rerun"
     ),
+    checkpoint_every: float = typer.Option(
+        30.0,
+        metavar="SECONDS",
+        help="write the checkpoint at most every SECONDS (> 0) of wall time; it is also "
+        "written at the end and on Ctrl-C/SIGTERM",
+    ),
     progress: bool = typer.Option(True, help="show progress on stderr"),
     devices: int = typer.Option(
         None,
@@ -158,34 +169,46 @@ def run(
     """Run SOLVER on PROBLEM; write history (CSV, parquet), a PNG plot and a JSON summary.
 
     Ctrl-C (or SIGTERM) stops at the last evaluation, writes the outputs of the steps done and
-    the checkpoint; the same command then resumes.
+    the checkpoint; the same command then resumes. A run owns OUT while it goes (the lock file
+    OUT/bilevel.lock): a second run on the same OUT is refused.
     """
-    every = _check_run_flags(steps, seeds, eval_every, out)
-    with _bad_input_as_message(flags=True):
-        import bilevel as bl
+    every = _check_run_flags(steps, seeds, eval_every, out, checkpoint_every)
+    with contextlib.ExitStack() as owned:  # the lock on out, held to the last output
+        with _bad_input_as_message(flags=True):
+            import bilevel as bl
 
-        prob = bl.problems.make(problem, **_parse_options(problem_opt))
-        hyper = _run_hyper(problem, lr_outer, lr_inner, batch_size, opt)
-        slv = bl.solvers.make(solver, **hyper)
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            res = bl.solve(
-                prob,
-                slv,
-                steps=steps,
-                seeds=range(seeds),
-                eval_every=every,
-                checkpoint=(out / "checkpoint") if checkpoint else None,
-                progress=progress,
-                devices=devices,
-            )
-        except bl.Interrupted as stop:
-            _exit_interrupted(stop, prob.name, steps, out)
-    _write_run_outputs(res, prob.name, out)
+            prob = bl.problems.make(problem, **_parse_options(problem_opt))
+            hyper = _run_hyper(problem, lr_outer, lr_inner, batch_size, opt)
+            slv = bl.solvers.make(solver, **hyper)
+            owned.enter_context(_owned_out(out))
+            try:
+                res = bl.solve(
+                    prob,
+                    slv,
+                    steps=steps,
+                    seeds=range(seeds),
+                    eval_every=every,
+                    checkpoint=(out / "checkpoint") if checkpoint else None,
+                    checkpoint_interval=checkpoint_every,
+                    progress=progress,
+                    devices=devices,
+                )
+            except bl.Interrupted as stop:
+                _exit_interrupted(stop, prob.name, steps, out)
+        _write_run_outputs(res, prob.name, out)
     typer.echo(
         f"{res.message}; wrote {out}/history.csv, history.parquet, history.png, summary.json"
     )
     _echo_headline_metrics(res.history)
+
+
+def _owned_out(out: Path):
+    """``out`` created, and the lock to enter for this run on it (a ``RunLock``): refused, as
+    one line, while another live run holds it; a stale lock is taken over, with a line."""
+    from bilevel.drivers.run_lock import RunLock
+
+    out.mkdir(parents=True, exist_ok=True)
+    return RunLock(out, "--out", log=lambda line: typer.echo(line, err=True))
 
 
 def _run_hyper(problem: str, lr_outer, lr_inner, batch_size, opt: list[str]) -> dict:

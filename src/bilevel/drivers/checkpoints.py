@@ -1,9 +1,13 @@
 """Checkpoints of ``bl.solve``: a fingerprint of the run, atomic writes, and the resume.
 
 A checkpoint is one ``.npz`` file (read with ``allow_pickle=False``): the state's leaves, the
-history rows and a JSON ``meta`` (step, solver seconds, counter totals, alive seeds, the run's
-fingerprint and its CPU rewrite options). A run resumes only from a checkpoint with its own
-fingerprint (:func:`signature`), so a resumed run ends bit-identical to an uninterrupted one.
+history rows, a JSON ``meta`` (step, solver seconds, counter totals, alive seeds, the run's
+fingerprint, its CPU rewrite options and numerics: float width, JAX version) and a sha256 of
+all of it (:mod:`bilevel.drivers.checkpoint_integrity`, which checks a file before it is taken
+up). A run resumes only from a checkpoint with its own fingerprint (:func:`signature`), so a
+resumed run ends bit-identical to an uninterrupted one. A write goes to a temporary file first
+(:data:`TEMP_PREFIX`); one left by a killed writer is removed by the next run
+(:func:`remove_partial_writes`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,6 +29,7 @@ import numpy as np
 
 from bilevel.core import sharding as parallel
 from bilevel.core.problem import BilevelProblem, users_function
+from bilevel.drivers import checkpoint_integrity as integrity
 from bilevel.drivers.cpu_rewrites import CpuRewrites
 from bilevel.drivers.history import History
 from bilevel.solvers.base import Solver
@@ -36,10 +42,16 @@ __all__ = [
     "signature",
     "save_checkpoint",
     "load_checkpoint",
+    "remove_partial_writes",
+    "TEMP_PREFIX",
 ]
 
 CHECKPOINT_FILE = "checkpoint.npz"
-CHECKPOINT_VERSION = 2  # 2: solver states carry OuterState (direction_norm)
+# 2: solver states carry OuterState (direction_norm); 3: a content hash, the numerics
+CHECKPOINT_VERSION = 3
+#: the temporary files of :func:`save_checkpoint`: ``TEMP_PREFIX`` + 8 characters + ``.npz``
+TEMP_PREFIX = ".checkpoint-"
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[a-z0-9_]{8}\.npz")
 
 
 def _strip_addresses(text: str) -> str:
@@ -88,7 +100,8 @@ def signature(
 
     ``batched``: whether the run was given ``seeds=`` (its results keep the seed axis);
     ``cpu_rewrites``: the rewrite options its step programs were compiled through (they move
-    the floating-point rounding).
+    the floating-point rounding), as the float width and the JAX version do
+    (:func:`~bilevel.drivers.checkpoint_integrity.numerics`).
     """
     h = hashlib.sha256()
     # functions (schedules, an optax outer optimiser) print with their memory address, which
@@ -103,6 +116,7 @@ def signature(
         h.update(f"batch_chunks {problem.batch_chunks}".encode())
     if cpu_rewrites is not None:
         h.update(repr(cpu_rewrites).encode())
+    h.update(repr(sorted(integrity.numerics().items())).encode())
     _problem_digest(h, problem, init)
     return h.hexdigest()
 
@@ -127,13 +141,16 @@ def _problem_digest(h, problem: BilevelProblem, init) -> None:
 
 
 def save_checkpoint(directory: Path, state, meta: dict, history: list[dict]) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``."""
+    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``;
+    the file carries a hash of its content (:func:`checkpoint_integrity.content_digest`)."""
     directory.mkdir(parents=True, exist_ok=True)
     leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
     arrays = {f"leaf_{i}": a for i, a in enumerate(leaves)}
-    arrays["meta"] = np.array(json.dumps(meta))
-    arrays["history"] = np.array(json.dumps(history))
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz", dir=directory)
+    meta_json, history_json = json.dumps(meta), json.dumps(history)
+    arrays["meta"] = np.array(meta_json)
+    arrays["history"] = np.array(history_json)
+    arrays["digest"] = np.array(integrity.content_digest(leaves, meta_json, history_json))
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".npz", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
@@ -145,21 +162,43 @@ def save_checkpoint(directory: Path, state, meta: dict, history: list[dict]) -> 
             os.unlink(tmp)
 
 
+def remove_partial_writes(directory: Path) -> list[str]:
+    """Remove the temporary files :func:`save_checkpoint` left in ``directory`` when it was
+    killed mid-write (only its own name pattern); the names removed. Call it only while owning
+    the directory (:class:`bilevel.drivers.run_lock.RunLock`): a live writer's file is not
+    partial."""
+    removed = []
+    for entry in os.scandir(directory):
+        if entry.is_file(follow_symlinks=False) and _TEMP_NAME.fullmatch(entry.name):
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed.append(entry.name)
+    return removed
+
+
 def load_checkpoint(directory: Path, state_template, signature: str, cpu_rewrites: dict):
     """``(state, meta, history rows)`` of the checkpoint in ``directory`` (``None`` if none);
-    refused (ValueError) when another run wrote it or its state does not fit the template."""
+    refused (ValueError) when it is corrupt (:class:`checkpoint_integrity.CorruptCheckpoint`),
+    was written by an older version, by another run, under other numerics, or its state does
+    not fit the template."""
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return None
-    with np.load(path, allow_pickle=False) as npz:
-        meta = json.loads(str(npz["meta"]))
-        history = json.loads(str(npz["history"]))
-        _check_same_run(directory, meta, signature, cpu_rewrites)
-        template, treedef = jax.tree.flatten(state_template)
-        leaves = [npz[f"leaf_{i}"] for i in range(len(template))]
-    for got, want in zip(leaves, template, strict=True):
-        if got.shape != np.shape(want) or got.dtype != np.asarray(want).dtype:
-            raise ValueError(f"the checkpoint in {directory} does not match the solver state.")
+    contents = integrity.read(path)
+    meta, history = integrity.verify(path, contents)
+    integrity.check_numerics(directory, meta.get("numerics"), integrity.numerics())
+    _check_same_run(directory, meta, signature, cpu_rewrites)
+    template, treedef = jax.tree.flatten(state_template)
+    leaves = contents.leaves
+    fits = len(leaves) == len(template) and all(
+        got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype
+        for got, want in zip(leaves, template, strict=False)
+    )
+    if not fits:
+        raise ValueError(f"the checkpoint in {directory} does not match the solver state.")
+    integrity.check_consistent(path, jax.tree.unflatten(treedef, leaves), meta, history)
     state = jax.tree.unflatten(treedef, [jnp.asarray(a) for a in leaves])
     return state, meta, history
 
@@ -210,6 +249,7 @@ class Checkpointer:
         self.interval = interval
         self.seed_axis = seed_axis
         self.cpu_rewrites = dataclasses.asdict(cpu_rewrites or CpuRewrites.none())
+        self.numerics = integrity.numerics()
         self.last_save = time.monotonic()
 
     def load(self, state_template, history: History, steps: int) -> Resume | None:
@@ -237,8 +277,21 @@ class Checkpointer:
         if not force and time.monotonic() - self.last_save < self.interval:
             return
         meta = {"signature": self.signature, "step": step, "seconds": seconds}
-        meta |= history.meta() | {"cpu_rewrites": self.cpu_rewrites}
-        save_checkpoint(self.directory, self._on_file(state), meta, history.rows)
+        meta |= history.meta() | {"cpu_rewrites": self.cpu_rewrites, "numerics": self.numerics}
+        on_file = jax.tree.map(np.asarray, self._on_file(state))
+        try:  # what a load would refuse is not written (a second Ctrl-C amid the bookkeeping)
+            integrity.check_consistent(
+                self.directory / CHECKPOINT_FILE, on_file, meta, history.rows
+            )
+        except integrity.CorruptCheckpoint as err:
+            warnings.warn(
+                f"not writing the checkpoint of step {step} ({err.reason}); the previous one "
+                "stays.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
+        save_checkpoint(self.directory, on_file, meta, history.rows)
         self.last_save = time.monotonic()
 
     def _on_file(self, state):

@@ -10,8 +10,10 @@ arguments of the compiled programs). The pure loop it compiles is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -20,7 +22,7 @@ import jax
 from bilevel.core import sharding as parallel
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
-from bilevel.drivers.checkpoints import Checkpointer, Resume, signature
+from bilevel.drivers.checkpoints import Checkpointer, Resume, remove_partial_writes, signature
 from bilevel.drivers.checks import (
     check_arguments,
     check_checkpoint_dir,
@@ -35,6 +37,7 @@ from bilevel.drivers.history import History
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
+from bilevel.drivers.run_lock import RunLock
 from bilevel.drivers.tuning import drifted, needs_tuning, tune
 from bilevel.solvers.base import Solver
 
@@ -77,7 +80,11 @@ def solve(
             every ``checkpoint_interval`` seconds, at the end and when interrupted) and, called
             again with the same arguments, resumes from the latest checkpoint and ends
             bit-identical to an uninterrupted run. The file is an ``.npz`` read with
-            ``allow_pickle=False``. A checkpoint written under other ``cpu_rewrites`` is refused.
+            ``allow_pickle=False``, carrying a sha256 of its content: a damaged or edited one is
+            refused, as is one written under other ``cpu_rewrites``, another float width
+            (``jax_enable_x64``) or another JAX version. The run owns the directory while it
+            goes (a lock file, ``bilevel.lock``, naming its pid and host): a second run on it
+            is refused while the first is alive (docs/runs.md).
             With ``lr_outer="auto"`` the tuning runs again (deterministically) before the run
             resumes; its length follows ``steps``, so to extend a tuned run to more steps give
             ``lr_outer=res.tuning.value`` (another tuning may choose another step, and the
@@ -115,6 +122,10 @@ def solve(
     Raises:
         Interrupted: on Ctrl-C (SIGINT) or SIGTERM, after writing the checkpoint (when one was
             asked for); its ``.result`` holds the history and iterates of the steps done.
+        ValueError: bad arguments; a checkpoint directory in use by another run
+            (:class:`bilevel.drivers.run_lock.DirectoryInUse`); a corrupt checkpoint
+            (:class:`bilevel.drivers.checkpoint_integrity.CorruptCheckpoint`) or one of
+            another run.
         NotStronglyConvexWarning: (a warning) when g(x0, .) does not look strongly convex.
     """
     steps, every = check_arguments(problem, solver, steps, on_divergence, eval_every)
@@ -123,13 +134,22 @@ def solve(
     mesh = parallel.make_mesh(devices, mesh)
     ckpt_dir = check_checkpoint_dir(checkpoint)
     settings = ProgramSettings(mesh=mesh, cpu_rewrites=resolve(cpu_rewrites))
-    solver.check_problem(problem)
-    solver = solver.with_horizon(steps)
-    solver, tuning = _tuned(problem, solver, steps, seed_list[0], init, settings)
-    parallel.check_batch_size(getattr(solver, "batch_size", None), mesh)
-    check_convexity(problem)
     plan = _Plan(steps, every, seed_list, seeds is not None, init, settings, mesh, ckpt_dir,
                  checkpoint_interval, progress, time_limit)  # fmt: skip
+    with _owned(ckpt_dir, progress):
+        result, stopped = _solve(problem, solver, plan)
+    # here, so that a DivergenceWarning points at solve's caller
+    return finish(result, stopped, ckpt_dir, on_divergence)
+
+
+def _solve(problem, solver: Solver, plan: _Plan) -> tuple[Result, str | None]:
+    """``solve`` once its arguments are checked and its checkpoint directory is owned:
+    ``(result, signal or None)``."""
+    solver.check_problem(problem)
+    solver = solver.with_horizon(plan.steps)
+    solver, tuning = _tuned(problem, solver, plan.steps, plan.seeds[0], plan.init, plan.settings)
+    parallel.check_batch_size(getattr(solver, "batch_size", None), plan.mesh)
+    check_convexity(problem)
     result, stopped, spent = _attempt(problem, solver, tuning, plan)
     # a tuned step whose run diverged or drifted: the next smaller candidate
     while stopped is None and (reason := _retry_reason(problem, result, tuning, plan)):
@@ -137,7 +157,25 @@ def solve(
         solver = dataclasses.replace(solver, lr_outer=tuning.value)
         result, stopped, spent = _attempt(problem, solver, tuning, plan)
     _note_tuning(result, tuning)
-    return finish(result, stopped, ckpt_dir, on_divergence)
+    return result, stopped
+
+
+@contextlib.contextmanager
+def _owned(ckpt_dir, progress: bool):
+    """The checkpoint directory held by this run for its duration (a lock file,
+    :class:`bilevel.drivers.run_lock.RunLock`; refused while another live run holds it), and
+    the temporary files of a checkpoint write killed mid-way removed. Only process 0 writes
+    checkpoints, so only it takes the lock."""
+    if ckpt_dir is None or not parallel.is_main_process():
+        yield
+        return
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with RunLock(ckpt_dir, "checkpoint directory", log=say if progress else None):
+        remove_partial_writes(ckpt_dir)
+        yield
 
 
 class _Plan(NamedTuple):
