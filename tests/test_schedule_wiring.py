@@ -262,3 +262,22 @@ def test_f2obo_sl_decays_its_outer_step_as_t_to_the_minus_tau():
     t = np.arange(1, STEPS + 1)
     got = applied_steps(solver, problem, states, method="round")
     np.testing.assert_allclose(got, 0.05 * t**-0.4, rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", sorted(bl.solvers.names()))
+def test_state_counts_steps_in_int32_and_starts_an_optax_outer_state(name):
+    """Two slips mutation testing found unkilled (docs/testing.md): ``k`` created as a float
+    (user schedules get the int32 step count, as optax schedules expect), and the outer
+    optimiser's state initialised from something other than x0 (invisible with plain SGD,
+    whose state is empty): with Adam the state holds x-shaped moments."""
+    frank_wolfe = name in ("ibcg", "sbfw")  # they refuse an outer optimiser: a FW step
+    problem = linear_problem(x_set=bl.sets.Box(-1.0, 1.0) if frank_wolfe else None)
+    optimiser = "sgd" if frank_wolfe else "adam"
+    hyper = dict(GRADIENT_SOLVERS.get(name, {}), lr_outer=0.01, outer_optimizer=optimiser)
+    solver = bl.solvers.make(name, **hyper).resolve(problem)
+    state = solver.init(problem, jax.random.PRNGKey(0))
+    assert state.k.dtype == jnp.int32
+    if frank_wolfe:
+        return
+    moments = [a for a in jax.tree.leaves(state.outer_state) if a.shape == (2,)]
+    assert moments, f"{name}: no x-shaped leaf in the Adam state"
