@@ -5,12 +5,17 @@ relation between the mean and the summed forms, gradients and the closed-form hy
 against finite differences, minibatches of entries, and IBCG lowering the normalized error.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 
 import bilevel as bl
+from bilevel.experiments import ibcg_matrix_completion as mc
+from bilevel.experiments.protocols import PAPER
 
 N, R = 20, 3
 
@@ -224,3 +229,84 @@ def test_ibcg_cold_lmo_keeps_a_dummy_start():
     state = solver.init(problem, jax.random.key(0))
     assert state.lmo_start.shape == ()
     assert solver.step(problem, state).lmo_start.shape == ()
+
+
+# ---- the reproduction's paper protocol (issue #35): App. G.3's values, and the solvers the
+# experiment builds for it get exactly those values (no runs: the methods are built and read)
+P = mc.PAPER_PROTOCOL
+K = 10_000
+
+
+def test_the_paper_protocol_holds_the_stated_values():
+    assert P.name == PAPER
+    assert P["K_max"] == K and P["T_max (s)"] == 200.0  # App. G.3, Initialization
+    assert P["IBCG gamma"] == 0.0025 == 1 / (4 * math.sqrt(K))  # 1/(4 sqrt(K))
+    assert P["SBFW eta factor"] == 0.8
+    assert P["TTSA beta factor"] == 0.25
+    assert P["scaling"] == "mean"  # eq. (2): 1/|Omega_k|
+    assert (P["n"], P["rank"]) == (250, 10)
+    for key in ("IBCG gamma", "SBFW eta factor", "TTSA beta factor"):
+        assert P.source(key).startswith("IBCG paper, App. G.3 (Implementation Details)")
+    assert mc.TUNED_PROTOCOL.name == mc.TUNED and mc.TUNED_PROTOCOL["scaling"] == "sum"
+
+
+def test_a_quick_run_cuts_k_and_says_so():
+    paper, tuned = mc.protocols_for(quick=True, seeds=1)
+    assert paper["K_max"] == mc.QUICK["max_steps"] and paper["scaling"] == "mean"
+    assert paper["IBCG gamma"] == 1 / (4 * math.sqrt(mc.QUICK["max_steps"]))
+    assert paper.source("IBCG gamma").startswith("QUICK run, cut from 0.0025")
+    assert paper["SBFW eta factor"] == 0.8 and paper["TTSA beta factor"] == 0.25
+    assert tuned.source("K_max").startswith("QUICK run")
+
+
+@pytest.fixture(scope="module")
+def paper_built():
+    problem = mc.paper_problem(P)
+    methods = mc.paper_methods(problem, P)
+    return problem, methods, {m.label: m.make() for m in methods}
+
+
+def _theory(ref, x0, y0):
+    """App. G.1's TTSA (alpha, beta) for eq. (2), the constants derived here anew."""
+    mu = 2 * 0.05
+    L_g = 2 / float(ref.mask2.sum()) + 0.05 + 2 * 0.05
+    c1 = 1 / float(ref.mask1.sum())
+    c_y = np.linalg.norm(2 * c1 * np.asarray(ref.mask1) * np.asarray(x0 - y0))  # ||grad_y f||
+    t = np.linspace(0.0, 4.0, 400_001)  # psi''' in units of 1/delta: max at t = 1/2
+    l_yy = 0.05 * np.max(3 * t * (1 + t**2) ** -2.5) / 0.9
+    L_y = 0.1 / mu
+    L = 2 * c1 + 2 * c1 * 0.1 / mu + c_y * (0.0 / mu + l_yy * 0.1 / mu**2)
+    alpha = min(mu**2 / (8 * L_y * L * L_g**2), K ** (-3 / 5) / (4 * L_y * L))
+    return mu, L_g, alpha, min(mu / L_g**2, (2 / mu) * K ** (-2 / 5))
+
+
+def test_the_solvers_built_for_the_paper_protocol_get_exactly_those_values(paper_built):
+    problem, methods, solvers = paper_built
+    ref = problem.reference
+    assert ref.scaling == "mean" and ref.c2 == 1 / float(ref.mask2.sum())
+    assert all(m.steps == K and m.time_limit == 200.0 for m in methods)
+    mu, L_g, alpha, beta = _theory(ref, problem.x0, problem.y0)
+    ibcg, sbfw, ttsa = solvers["IBCG"], solvers["SBFW"], solvers["TTSA"]
+    assert ibcg.lr_outer == 0.0025
+    assert ibcg.lr_inner == pytest.approx(2 / (mu + L_g), rel=1e-12)
+    assert ibcg.lr_adjoint == pytest.approx(0.99 * 2 / (mu + L_g), rel=1e-12)
+    assert sbfw.lr_outer == pytest.approx(0.8 * 2 / 2**0.75, rel=1e-15)  # 0.8 x 2/(k+1)^(3/4)
+    assert sbfw.lr_inner == pytest.approx(min(2 / (3 * mu), mu / (2 * L_g**2)), rel=1e-12)
+    assert sbfw.neumann_lr == pytest.approx(1 / L_g, rel=1e-12) and sbfw.neumann_start == 1
+    assert sbfw.variant == "theory" and sbfw.max_neumann is None
+    assert ttsa.lr_inner == pytest.approx(0.25 * beta, rel=1e-12)
+    assert ttsa.lr_outer == pytest.approx(alpha, rel=1e-6)
+    assert (ttsa.neumann_steps, ttsa.hessian_inverse) == ("growing", "random")
+    assert ttsa.condition_number == pytest.approx(L_g / mu, rel=1e-12)
+    assert ttsa.neumann_lr == pytest.approx(1 / L_g, rel=1e-12)  # c_h = 1
+
+
+def test_every_claim_names_its_protocol():
+    frame = pd.DataFrame(
+        {"step": [0, 10], "seconds": [0.0, 1.0], "inner_grad_norm": [1.0, 0.5],
+         "normalized_error": [1.0, 0.95]}
+    )  # fmt: skip
+    hists = {"IBCG": frame, "SBFW": frame, "TTSA": frame}
+    for name in (PAPER, mc.TUNED):
+        claims = mc.judge(name, hists, 200.0, quick=True)
+        assert claims and {c.protocol for c in claims} == {name}
