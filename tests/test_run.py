@@ -207,9 +207,9 @@ def test_counter_totals_survive_int32_wraparound(quad_sto):
     def evaluate(problem, state):
         return raw(solver, problem, state)
 
-    _, c1, _ = evaluate(quad_sto, state._replace(counts=big))
+    _, _, c1, _ = evaluate(quad_sto, state._replace(counts=big))
     stepped = jax.jit(solver.step)(quad_sto, state._replace(counts=big))
-    _, c2, _ = evaluate(quad_sto, stepped)
+    _, _, c2, _ = evaluate(quad_sto, stepped)
     delta = (
         int(np.int64(c2.samples_inner) & 0xFFFFFFFF) - int(np.int64(c1.samples_inner) & 0xFFFFFFFF)
     ) % (1 << 32)
@@ -249,15 +249,15 @@ def test_the_compiled_program_cache_is_bounded(monkeypatch):
     cache crashed a long process inside LLVM), least recently used dropped first."""
     from bilevel.drivers import programs
 
-    monkeypatch.setattr(programs, "MAX_COMPILED", 2)
+    monkeypatch.setattr(programs, "MAX_COMPILED", 3)
     programs.clear_cache()
     problem = bl.problems.quadratic(dx=2, dy=3)
-    for steps in (1, 2, 3):  # chunk lengths 1, 2, 3: three chunk programs, plus init and eval
-        solver = bl.solvers.make("f2sa", lr_outer=0.01, lr_inner=0.1)
+    for steps in (1, 2, 3):  # chunk lengths 1, 2, 3: three chunk programs, plus init, eval and
+        solver = bl.solvers.make("f2sa", lr_outer=0.01, lr_inner=0.1)  # the problem's metrics
         bl.solve(problem, solver, steps=steps, eval_every=steps, progress=False)
-    assert len(programs.cached_programs()) == 2
+    assert len(programs.cached_programs()) == 3
     kinds_lengths = [(spec.kind, spec.length) for spec, _ in programs.cached_programs()]
-    assert sorted(kinds_lengths) == [("chunk", 3), ("eval", 0)]  # the last ones used
+    assert sorted(kinds_lengths) == [("chunk", 3), ("eval", 0), ("metrics", 0)]  # the last used
 
 
 def test_a_checkpoint_of_another_problem_instance_is_not_resumed(tmp_path):

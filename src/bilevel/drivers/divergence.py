@@ -51,7 +51,8 @@ REASONS = (NON_FINITE, HEADLINE_EXPLODED, ITERATES_GREW)
 
 
 class Health(NamedTuple):
-    """What the ``"eval"`` program says about a state besides its metrics and counters.
+    """What the evaluation of a state says besides its metrics and counters
+    (:func:`bilevel.drivers.programs.evaluate`: the ``"eval"`` and ``"metrics"`` programs).
 
     A pytree, so a sweep's grid axis and a seed axis come with every field, and
     ``History.record`` takes it where a plain finiteness array also does (``bl.solve_online``

@@ -158,8 +158,8 @@ class Engine:
 
     def evaluate(self, state, step: int) -> np.ndarray:
         """Record the rows of ``state`` at ``step``; which seeds are finite."""
-        evaluate = self.program("eval", state)
-        metrics, counts, finite = jax.device_get(evaluate(self.problem, state))
+        spec = self.settings.spec("eval")
+        metrics, counts, finite = programs.evaluate(spec, self.solver, self.problem, state)
         return self.history.record(metrics, counts, finite, step, self.seconds)
 
     def adapt_to(self, state) -> None:

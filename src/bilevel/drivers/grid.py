@@ -35,13 +35,13 @@ def grid_axes(state):
 def over_grid(raw: Callable, kind: Any, solver, problem, state) -> Callable:
     """``raw(solver, problem, state)`` vmapped over the leading grid axis of the solver's leaves
     and of the state (:func:`grid_axes`); the ``"init"`` program takes the seeds' keys without
-    that axis, and the ``"eval"`` program returns every output with it."""
+    that axis, and the ``"eval"`` and ``"metrics"`` programs return every output with it."""
     if kind == "init":
         point = jax.tree.map(lambda a: a[0], solver)
         axes = grid_axes(jax.eval_shape(raw, point, problem, state))
         return jax.vmap(raw, in_axes=(0, None, None), out_axes=axes)
     axes = grid_axes(state)
-    if kind == "eval":
+    if kind in ("eval", "metrics"):
         return jax.vmap(raw, in_axes=(0, None, axes))
     mapped = jax.vmap(raw, in_axes=(0, None, axes), out_axes=axes)
 

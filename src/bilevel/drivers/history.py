@@ -76,8 +76,9 @@ class History:
         """Add the rows of one evaluation; returns which seeds are still sound: finite, headline
         metric not exploded, iterates not grown (:mod:`bilevel.drivers.divergence`).
 
-        ``finite`` is the ``"eval"`` program's :class:`~bilevel.drivers.divergence.Health` or a
-        plain finiteness array per seed (then the iterate rule is not applied).
+        ``finite`` is the evaluation's :class:`~bilevel.drivers.divergence.Health`
+        (:func:`bilevel.drivers.programs.evaluate`) or a plain finiteness array per seed (then
+        the iterate rule is not applied).
         """
         finite = self._judge(finite, metrics, step)
         # the int32 counters as unsigned values, converted once for all seeds

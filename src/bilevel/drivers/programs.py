@@ -1,14 +1,19 @@
 """The compiled programs of the drivers, their specification and their cache.
 
-A run compiles three kinds of programs, each a function ``fn(solver, problem, state)`` mapped
+A run compiles four kinds of programs, each a function ``fn(solver, problem, state)`` mapped
 over the leading seed axis that every state inside the drivers carries (a single ``seed=`` run
 is a batch of one; :func:`over_seeds`):
 
 - ``"init"``: the states at step 0 from the seeds' PRNG keys (:func:`init_states`);
 - ``"chunk"``: ``length`` solver steps, :func:`bilevel.drivers.loop.iterate`
   (:func:`compile_chunk`);
-- ``"eval"``: the metrics, counters and health (finiteness, iterate norms) of a state
-  (:func:`_evaluation`).
+- ``"eval"``: the solver's output (x, y), its own metrics, the counters and the health
+  (finiteness, iterate norms) of a state (:func:`_evaluation`);
+- ``"metrics"``: the problem's metrics of (x, y) (:func:`_problem_metrics`), compiled with
+  ``None`` for the solver, so every solver run on a problem shares it: a problem's metrics
+  (exact answers, dense Hessians, a network's evaluation) compiled inside each solver's
+  ``"eval"`` program took 40-55% of the compile time of a run of several solvers on one
+  problem (measured 2026-11-27 on the quadratic and the IBCG toy). :func:`evaluate` runs both.
 
 ``bl.solve_online`` adds its own kinds through the ``build`` argument of :func:`program`
 (:data:`ONLINE_ROUNDS`, its chunk of rounds, and its evaluation of a chunk's trace).
@@ -58,6 +63,7 @@ __all__ = [
     "program",
     "compile_chunk",
     "init_states",
+    "evaluate",
     "clear_cache",
     "cached_programs",
     "over_seeds",
@@ -80,8 +86,9 @@ class ProgramSpec:
     """Everything a compiled program depends on besides the avals of its arguments.
 
     Attributes:
-        kind: ``"init"``, ``"chunk"``, ``"eval"`` or an extension's kind (any hashable that
-            names everything static its builder depends on, e.g. :data:`ONLINE_ROUNDS`).
+        kind: ``"init"``, ``"chunk"``, ``"eval"``, ``"metrics"`` or an extension's kind (any
+            hashable that names everything static its builder depends on, e.g.
+            :data:`ONLINE_ROUNDS`).
         length: the steps (or rounds) of a chunk; 0 for the other kinds.
         over_grid: ``bl.sweep``: the solver's leaves and the state carry a leading axis of grid
             points, and the program is vmapped over it (:mod:`bilevel.drivers.grid`).
@@ -139,19 +146,49 @@ def _chunk(spec: ProgramSpec) -> Callable:
 
 
 def _evaluation(spec: ProgramSpec) -> Callable:
-    """``(metrics, counts, Health(finite, norms))`` of a state. The iterate norms come out with
-    the metrics, not as history columns: the history compares them with the start's to catch
-    iterates that run away while every metric looks fine (``bilevel.drivers.divergence``)."""
+    """``((x, y), own metrics, counts, Health(finite, norms))`` of a state: the solver's output,
+    what the method recorded itself (the last hypergradient estimate's norm, ...), the counters,
+    whether the state and those metrics are finite, and the iterate norms. The problem's metrics
+    of ``(x, y)`` are the ``"metrics"`` program's (:func:`_problem_metrics`), which every
+    solver on the problem shares. The iterate norms come out with the metrics, not as history
+    columns: the history compares them with the start's to catch iterates that run away while
+    every metric looks fine (``bilevel.drivers.divergence``)."""
 
     def evaluate(solver, problem, state):
         x, y = solver.output(state)
-        metrics = default_metrics(problem, x, y)
-        # what the method recorded itself (the last hypergradient estimate's norm, ...)
-        metrics.update(solver.state_metrics(state))
-        finite = float_leaves_finite(state) & tree_allfinite(metrics)
-        return metrics, state.counts, Health(finite, iterate_norms(x, y))
+        own = solver.state_metrics(state)
+        finite = float_leaves_finite(state) & tree_allfinite(own)
+        return (x, y), own, state.counts, Health(finite, iterate_norms(x, y))
 
     return evaluate
+
+
+def _problem_metrics(spec: ProgramSpec) -> Callable:
+    """``(metrics, finite)``: :func:`bilevel.analysis.metrics.default_metrics` of ``(x, y)``
+    and whether every one is finite. Its solver argument is ``None``: one compilation per
+    problem (and shapes of x, y) serves every solver run on it, where a metric program inside
+    each solver's evaluation compiled the problem's metrics (exact answers, dense Hessians, a
+    network's evaluation) once per solver."""
+
+    def metrics(_, problem, xy):
+        values = default_metrics(problem, *xy)
+        return values, tree_allfinite(values)
+
+    return metrics
+
+
+def evaluate(spec: ProgramSpec, solver: Solver, problem, state) -> tuple:
+    """``(metrics, counts, Health)`` of ``state`` on the host, by the ``"eval"`` program of
+    ``spec`` (a spec of kind ``"eval"``) and the problem's ``"metrics"`` program: the
+    problem's metrics and the solver's own (which win a shared name), by name as one program
+    returned them (a dict comes out of a program with sorted keys: the history's columns)."""
+    xy, own, counts, health = program(spec, solver, problem, state)(problem, state)
+    shared = dataclasses.replace(spec, kind="metrics")
+    values, finite = program(shared, None, problem, xy)(problem, xy)
+    values, own, counts, health, finite = jax.device_get((values, own, counts, health, finite))
+    values.update(own)
+    metrics = {name: values[name] for name in sorted(values)}
+    return metrics, counts, Health(np.logical_and(health.finite, finite), health.norms)
 
 
 def _start(spec: ProgramSpec) -> Callable:
@@ -165,7 +202,12 @@ def _start(spec: ProgramSpec) -> Callable:
 
 
 #: the builders of the library's own kinds: ``build(spec) -> fn(solver, problem, state)``
-BUILDERS = {"chunk": _chunk, "eval": _evaluation, "init": _start}
+BUILDERS = {
+    "chunk": _chunk,
+    "eval": _evaluation,
+    "metrics": _problem_metrics,
+    "init": _start,
+}
 
 
 def over_seeds(fn: Callable) -> Callable:

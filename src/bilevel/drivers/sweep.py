@@ -289,7 +289,7 @@ class GridHistory:
     def record(self, metrics: dict, counts, finite, step: int, seconds: float) -> np.ndarray:
         """Each point's rows of one evaluation, with the point's grid values in front.
 
-        ``finite`` (the ``"eval"`` program's health: finiteness and iterate norms) is picked
+        ``finite`` (the evaluation's health: finiteness and iterate norms) is picked
         per point like the metrics, so each point's history judges its own divergence;
         ``reasons`` then gathers why each ``(point, seed)`` diverged, in ``seeds`` order, for
         the engine's message.
