@@ -57,8 +57,50 @@ def test_data_leaves_disagree_on_sample_count():
 def test_nonfinite_data():
     data = {"a": np.ones((10, 3))}
     data["a"][4, 1] = np.nan
-    with pytest.raises(ValueError, match=r"inner_data.*1 non-finite.*\['a'\]"):
+    with pytest.raises(ValueError, match=r"inner_data.*1 non-finite.*\['a'\]") as info:
         bl.BilevelProblem(outer=f, inner=g, x0=X0, y0=Y0, inner_data=data)
+    assert str(info.value) == (  # the first offending row, with its index and value
+        "BilevelProblem(inner_data=...) has 1 non-finite value(s) (NaN or inf) in leaf ['a'], "
+        "the first in row 4 (index (4, 1), value nan); every entry must be finite."
+    )
+    data["a"][2, 0] = -np.inf
+    with pytest.raises(
+        ValueError, match=r"has 2 non-finite .* the first in row 2 \(index \(2, 0\), "
+    ):
+        bl.BilevelProblem(outer=f, inner=g, x0=X0, y0=Y0, inner_data=data)
+
+
+def test_data_whose_squares_overflow_is_refused_like_non_finite():
+    """A finite 3e38 in float32 data squares to inf: refused at construction (it passed, and
+    the run failed later in the automatic step-size probe with an unrelated LinAlgError)."""
+    data = {"a": np.ones((10, 3), np.float32)}
+    data["a"][7, 2] = 3e38
+    with pytest.raises(ValueError) as info:
+        bl.BilevelProblem(outer=f, inner=g, x0=X0, y0=Y0, outer_data=data)
+    assert str(info.value) == (
+        "BilevelProblem(outer_data=...) has 1 value(s) too large for float32 (|v| > 1.84e+19: "
+        "the square overflows) in leaf ['a'], the first in row 7 (index (7, 2), value 3e+38); "
+        "every entry and its square must be finite: rescale them."
+    )
+    data["a"][7, 2] = 1.8e19  # its square, 3.24e38, is finite in float32
+    bl.BilevelProblem(outer=f, inner=g, x0=X0, y0=Y0, outer_data=data)
+    wide = {"a": np.full((10, 3), 3e38)}  # float64: squares to 9e76, fine
+    bl.BilevelProblem(outer=f, inner=g, x0=X0, y0=Y0, outer_data=wide)
+    with pytest.raises(ValueError, match=r"x0=.*too large for float64 .* at index \(1,\)"):
+        bl.BilevelProblem(outer=f, inner=g, x0=X0.at[1].set(1e200), y0=Y0)
+
+
+def test_problem_builders_name_the_first_bad_row():
+    from bilevel.problems import models
+
+    X = np.ones((6, 2))
+    X[3, 1] = 1e200
+    with pytest.raises(ValueError) as info:
+        models.check_features(X, "X_train", "l2_hpo")
+    assert str(info.value).startswith(
+        "l2_hpo(X_train=...) has 1 value(s) too large for float64 (|v| > 1.34e+154: the square "
+        "overflows), the first in row 3 (index (3, 1), value 1e+200)"
+    )
 
 
 @pytest.mark.parametrize("arg", ["x0", "y0"])

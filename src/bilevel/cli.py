@@ -51,6 +51,8 @@ def _with_flag_names(message: str) -> str:
         owner, name = match.group(1), match.group(2)
         if name in _RUN_FLAGS and (owner in ("solve", "sweep") or owner in solver_classes):
             return f"--{name.replace('_', '-')}"
+        if (owner, name) == ("solve", "checkpoint"):  # OUT/checkpoint
+            return f"--out's checkpoint directory {match.group(3)}"
         return f"--opt {name}=..." if owner in solver_classes else match.group(0)
 
     message = re.sub(r"\b(\w+)\((\w+)=(\.\.\.|[^)]*)\)", flag, message)
@@ -58,6 +60,9 @@ def _with_flag_names(message: str) -> str:
         r"(?<![-\w])(batch_size|lr_outer|lr_inner)=",
         lambda m: "--" + m.group(1).replace("_", "-") + "=",
         message,
+    )
+    message = message.replace(
+        "use another checkpoint directory.", "use another --out, or --no-checkpoint."
     )
     return message.replace(
         "use another checkpoint directory", "use another --out, or --no-checkpoint,"
@@ -81,6 +86,17 @@ def _bad_input_as_message(flags: bool = False):
         text = _one_line(err)
         typer.echo(f"error: {_with_flag_names(text) if flags else text}", err=True)
         raise typer.Exit(code=2) from err
+
+
+@contextlib.contextmanager
+def _os_errors_as_message():
+    """An ``OSError`` (a full disk, a read-only directory, no permission) ends the command
+    with one line naming the path and the errno, and exit code 1, not a traceback."""
+    try:
+        yield
+    except OSError as err:
+        typer.echo(f"error: {_os_error_text(err)}", err=True)
+        raise typer.Exit(code=1) from err
 
 
 def _check_run_flags(
@@ -135,6 +151,7 @@ def problems() -> None:
         typer.echo(f"{name:22s} {bl.problems.describe(name)}")
 
 
+# long: a typer command's options are its signature, one per flag
 @app.command()
 def run(
     problem: str = typer.Option("quadratic", help="problem name (see `bilevel problems`)"),
@@ -165,6 +182,12 @@ def run(
         help="split every minibatch over this many devices (on CPU: "
         "XLA_FLAGS=--xla_force_host_platform_device_count=K); docs/distributed.md",
     ),
+    log_to: Path = typer.Option(
+        None,
+        metavar="DIR",
+        help="stream the history to TensorBoard event files in DIR (one run per seed; watch "
+        "with `tensorboard --logdir DIR`); needs pip install 'bilevel[tensorboard]'",
+    ),
 ) -> None:
     """Run SOLVER on PROBLEM; write history (CSV, parquet), a PNG plot and a JSON summary.
 
@@ -173,14 +196,17 @@ def run(
     OUT/bilevel.lock): a second run on the same OUT is refused.
     """
     every = _check_run_flags(steps, seeds, eval_every, out, checkpoint_every)
-    with contextlib.ExitStack() as owned:  # the lock on out, held to the last output
+    _check_log_to(log_to)
+    # the lock on out, held to the last output; an OSError of no file of its own: one line
+    with _os_errors_as_message(), contextlib.ExitStack() as owned:
         with _bad_input_as_message(flags=True):
             import bilevel as bl
+            from bilevel.drivers.writes import WriteError
 
             prob = bl.problems.make(problem, **_parse_options(problem_opt))
             hyper = _run_hyper(problem, lr_outer, lr_inner, batch_size, opt)
             slv = bl.solvers.make(solver, **hyper)
-            owned.enter_context(_owned_out(out))
+            _own_out(out, owned)
             try:
                 res = bl.solve(
                     prob,
@@ -192,23 +218,90 @@ def run(
                     checkpoint_interval=checkpoint_every,
                     progress=progress,
                     devices=devices,
+                    log_to=log_to,
                 )
             except bl.Interrupted as stop:
                 _exit_interrupted(stop, prob.name, steps, out)
-        _write_run_outputs(res, prob.name, out)
+            except WriteError as err:  # a checkpoint: the outputs of the steps done, one line
+                _exit_unwritten(err, prob.name, out, checkpoint)
+        _exit_unwritten(_write_run_outputs(res, prob.name, out), out=out, resumable=checkpoint)
     typer.echo(
         f"{res.message}; wrote {out}/history.csv, history.parquet, history.png, summary.json"
     )
     _echo_headline_metrics(res.history)
 
 
-def _owned_out(out: Path):
-    """``out`` created, and the lock to enter for this run on it (a ``RunLock``): refused, as
-    one line, while another live run holds it; a stale lock is taken over, with a line."""
+def _own_out(out: Path, owned: contextlib.ExitStack) -> None:
+    """``out`` created and locked for this run until ``owned`` closes (a ``RunLock``): refused,
+    as one line, while another live run holds it (``DirectoryInUse``, a ValueError) or when
+    it cannot be written (read-only, no permission, a full disk); a stale lock is taken over,
+    with a line."""
     from bilevel.drivers.run_lock import RunLock
 
-    out.mkdir(parents=True, exist_ok=True)
-    return RunLock(out, "--out", log=lambda line: typer.echo(line, err=True))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        owned.enter_context(RunLock(out, "--out", log=lambda line: typer.echo(line, err=True)))
+    except OSError as err:
+        _fail(f"--out {out} is not writable ({_os_error_text(err)}); give another --out.")
+
+
+def _os_error_text(err: OSError) -> str:
+    """``err`` as one line: ``cannot write PATH: [Errno N] reason`` for a ``WriteError``,
+    ``PATH: [Errno N] reason`` for another ``OSError`` with a file name."""
+    from bilevel.drivers.writes import WriteError
+
+    if isinstance(err, WriteError) or not err.filename:
+        return _one_line(err)
+    code = f"[Errno {err.errno}] " if err.errno else ""
+    return f"{err.filename}: {code}{err.strerror or _one_line(err)}"
+
+
+def _exit_unwritten(
+    failed, problem_name: str = "", out: Path | None = None, resumable: bool = False
+) -> None:
+    """Nothing when ``failed`` (a list of ``WriteError``) is empty. Otherwise one line naming
+    the first file that could not be written and its errno (and the others not written), then
+    exit code 1. ``failed`` may be the ``WriteError`` of a checkpoint write of ``bl.solve``:
+    the outputs of the steps done are written first (what can be), and the previous checkpoint
+    stays, so the same command resumes once the fault is gone."""
+    from bilevel.drivers.writes import WriteError
+
+    if isinstance(failed, WriteError):
+        err, failed = failed, [failed]
+        if err.result is not None and out is not None:
+            err.result.message += f"; then {err}"
+            failed += _write_run_outputs(err.result, problem_name, out)
+    if not failed:
+        return
+    typer.echo(_unwritten_line(failed, resumable), err=True)
+    raise typer.Exit(code=1)
+
+
+def _unwritten_line(failed: list, resumable: bool) -> str:
+    """``error: cannot write PATH: [Errno N] reason (not written either: ...)[; rerun ...]``."""
+    first, rest = failed[0], failed[1:]
+    also = f" (not written either: {', '.join(e.path.name for e in rest)})" if rest else ""
+    resume = "; rerun the same command to resume" if resumable else ""
+    return f"error: {first}{also}{resume}"
+
+
+def _check_log_to(log_to: Path | None) -> None:
+    """``--log-to`` is a directory (created now) and tensorboardX is installed; otherwise one
+    line (the extra to install) and exit code 2, before anything is built."""
+    if log_to is None:
+        return
+    if log_to.exists() and not log_to.is_dir():
+        _fail(f"--log-to {log_to} is a file; give a directory for the TensorBoard events.")
+    from bilevel.drivers.loggers import EXTRA, require_tensorboardx
+
+    try:
+        require_tensorboardx()
+    except ImportError:
+        _fail(f"--log-to writes TensorBoard events with tensorboardX, not installed: {EXTRA}")
+    try:
+        log_to.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _fail(f"--log-to {log_to} cannot be created ({err.strerror or err}); give another DIR.")
 
 
 def _run_hyper(problem: str, lr_outer, lr_inner, batch_size, opt: list[str]) -> dict:
@@ -227,9 +320,12 @@ def _run_hyper(problem: str, lr_outer, lr_inner, batch_size, opt: list[str]) -> 
 
 def _exit_interrupted(stop, problem_name: str, steps: int, out: Path) -> None:
     """Write the outputs of the steps done, say how to resume, and exit with code 130."""
-    _write_run_outputs(stop.result, problem_name, out, interrupted=True)
+    failed = _write_run_outputs(stop.result, problem_name, out, interrupted=True)
     typer.echo(f"{stop.signal}: stopped at step {stop.result.steps} of {steps}.", err=True)
-    typer.echo(f"wrote {out}/history.csv, .parquet, .png and summary.json")
+    if failed:  # one line, as after a run
+        typer.echo(_unwritten_line(failed, resumable=False), err=True)
+    else:
+        typer.echo(f"wrote {out}/history.csv, .parquet, .png and summary.json")
     if stop.checkpoint is not None:
         typer.echo(f"checkpoint: {stop.checkpoint}; rerun the same command to resume.")
     else:
@@ -248,13 +344,30 @@ def _echo_headline_metrics(history) -> None:
             )
 
 
-def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = False) -> None:
-    """history.csv / .parquet, history.png (one panel per headline metric) and summary.json."""
+def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = False) -> list:
+    """history.csv / .parquet, summary.json and history.png (one panel per headline metric),
+    in that order, each whole or not at all; a file that cannot be written (an ``OSError``)
+    does not stop the next. The failures (``WriteError``s; empty when all were written)."""
+    from bilevel.drivers.writes import write_each
     from bilevel.experiments.report import plot_run
 
-    res.history.to_csv(out / "history.csv", index=False)
-    res.history.to_parquet(out / "history.parquet", index=False)
-    plot_run(res.history, out / "history.png", label=res.solver.name, title=problem_name)
+    history, summary = res.history, _summary(res, problem_name, interrupted)
+
+    def plot(path: Path) -> None:
+        plot_run(history, path, label=res.solver.name, title=problem_name)
+
+    return write_each(
+        [
+            (out / "history.csv", lambda path: history.to_csv(path, index=False)),
+            (out / "history.parquet", lambda path: history.to_parquet(path, index=False)),
+            (out / "summary.json", lambda path: path.write_text(summary)),
+            (out / "history.png", plot),
+        ]
+    )
+
+
+def _summary(res, problem_name: str, interrupted: bool) -> str:
+    """summary.json's text."""
     last = res.history[res.history.step == res.history.step.max()]
     summary = {
         "problem": problem_name,
@@ -267,7 +380,7 @@ def _write_run_outputs(res, problem_name: str, out: Path, interrupted: bool = Fa
         "final_mean": {c: float(last[c].mean()) for c in last.columns if c not in ("seed",)},
         "tuning": _tuning_summary(getattr(res, "tuning", None)),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return json.dumps(summary, indent=2)
 
 
 def _tuning_summary(tuning) -> dict | None:
@@ -338,7 +451,11 @@ def sweep(
     line plot for 1 field. Grid step sizes not given fall back to the problem's hints.
     """
     every = _check_run_flags(steps, seeds, eval_every, out)
-    with _bad_input_as_message(flags=True):
+    try:  # before the sweep runs: a directory it could not write is refused now
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        _fail(f"--out {out} cannot be created ({_os_error_text(err)}); give another --out.")
+    with _os_errors_as_message(), _bad_input_as_message(flags=True):
         import bilevel as bl
 
         points = _parse_grid(grid)
@@ -360,23 +477,25 @@ def sweep(
             devices=devices,
             **hyper,
         )
-    out.mkdir(parents=True, exist_ok=True)
     _write_sweep_outputs(df, list(points), f"{solver} on {prob.name}", out)
 
 
 def _write_sweep_outputs(df, fields: list[str], title: str, out: Path) -> None:
-    """sweep.csv, sweep.png (1 or 2 fields) and the best setting per metric on stdout."""
+    """sweep.csv, sweep.png (1 or 2 fields) and the best setting per metric on stdout; a file
+    that cannot be written (an ``OSError``) ends the command in one line, after the rest."""
     from bilevel.drivers.sweep import final_means
+    from bilevel.drivers.writes import write_each
     from bilevel.experiments.report import plot_sweep
 
-    df.to_csv(out / "sweep.csv", index=False)
     final = final_means(df, fields)
-    written = ["sweep.csv"]
+    writes = [(out / "sweep.csv", lambda path: df.to_csv(path, index=False))]
     headline = next((m for m in ("grad_norm", "outer_loss") if m in final), None)
     if headline is not None and len(fields) in (1, 2):
-        plot_sweep(final, fields, headline, out / "sweep.png", title=title)
-        written.append("sweep.png")
-    paths = ", ".join(f"{out}/{name}" for name in written)
+        writes.append((out / "sweep.png", lambda path: plot_sweep(
+            final, fields, headline, path, title=title)))  # fmt: skip
+    failed = write_each(writes)
+    written = [path.name for path, _ in writes if path not in {e.path for e in failed}]
+    paths = ", ".join(f"{out}/{name}" for name in written) or "nothing"
     typer.echo(f"{len(final)} grid points x {df['seed'].nunique()} seed(s); wrote {paths}")
     typer.echo("best setting per metric (lowest final mean over seeds):")
     for metric in [c for c in final.columns if c not in fields]:
@@ -387,6 +506,7 @@ def _write_sweep_outputs(df, fields: list[str], title: str, out: Path) -> None:
         best = final.iloc[int(np.nanargmin(np.where(np.isfinite(values), values, np.nan)))]
         setting = ", ".join(f"{f}={best[f]}" for f in fields)
         typer.echo(f"  {metric}: {best[metric]:.4e} at {setting}")
+    _exit_unwritten(failed)
 
 
 @app.command()
@@ -407,7 +527,7 @@ def reproduce(
         return
     todo = experiments.names() if name == "all" else [name]
     for exp_name in todo:
-        with _bad_input_as_message():
+        with _os_errors_as_message(), _bad_input_as_message():  # a missing dataset: input
             result = experiments.run(
                 exp_name, out / exp_name, quick=quick, seeds=seeds, log=typer.echo
             )

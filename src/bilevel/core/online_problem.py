@@ -80,7 +80,8 @@ class OnlineProblem(_ProblemCopies):
             ``g`` not callable, failing on ``(t, x0, y0, batch)`` with a traced t, or not
             scalar-valued; ``horizon`` not a positive int; data whose rounds axis differs from
             ``horizon``, whose leaves disagree on the sample count, or that holds non-finite
-            values; non-finite ``x0`` / ``y0``; a bad ``x_set`` or ``metrics``.
+            values or values whose square overflows the dtype (named with the first offending
+            round and sample); such ``x0`` / ``y0``; a bad ``x_set`` or ``metrics``.
     """
 
     outer: Callable[..., Any]
@@ -287,7 +288,7 @@ def _check_round_data(data: PyTree, arg: str, horizon: int) -> PyTree:
     if next(iter(samples.values())) == 0:
         raise ValueError(f"OnlineProblem({arg}=...) has zero samples per round.")
     data = jax.tree.map(jnp.asarray, data)
-    check_finite(data, arg, _OWNER)
+    check_finite(data, arg, _OWNER, axes=("round", "sample"))
     return data
 
 
@@ -310,7 +311,7 @@ def _check_sampler(sampler, arg: str) -> PyTree:
             f"sample axis, got leading shapes {sizes}."
         )
     draw = sampler(jnp.ones((), jnp.int32), jax.random.PRNGKey(0))
-    check_finite(draw, f"{arg}(1, key)", _OWNER)
+    check_finite(draw, f"{arg}(1, key)", _OWNER, axes=("row",))
     return spec
 
 

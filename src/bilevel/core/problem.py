@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bilevel.core import sampling
+from bilevel.core.finite import check_values
 
 PyTree = Any
 
@@ -145,8 +146,11 @@ class BilevelProblem(_ProblemCopies):
         TypeError / ValueError: at construction, naming the offending argument, when ``f`` or
             ``g`` is not callable, does not accept ``(x0, y0, batch)``, is not scalar-valued; when
             the data leaves disagree on the sample count; when data, ``x0`` or ``y0`` hold
-            non-finite values, when ``x0`` or ``y0`` hold no float array, or an array of
-            another dtype (integer, bool, complex: named by its key path).
+            non-finite values or values whose square overflows the dtype (``|v| >
+            sqrt(finfo.max)``, 1.8e19 in float32: named with the leaf, the first offending row
+            or index and its value, :mod:`bilevel.core.finite`), when ``x0`` or ``y0`` hold no
+            float array, or an array of another dtype (integer, bool, complex: named by its key
+            path).
     """
 
     outer: Callable[..., Any]
@@ -375,16 +379,13 @@ class OnModels:
         return f"OnModels({self.fn!r})"
 
 
-def check_finite(tree: PyTree, arg: str, owner: str = "BilevelProblem") -> None:
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        a = np.asarray(leaf)
-        if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
-            bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
-            where = jax.tree_util.keystr(path) or "(root)"
-            raise ValueError(
-                f"{owner}({arg}=...) has {bad} non-finite value(s) (NaN or inf) in leaf "
-                f"{where}; every entry must be finite."
-            )
+def check_finite(
+    tree: PyTree, arg: str, owner: str = "BilevelProblem", axes: tuple[str, ...] = ()
+) -> None:
+    """Refuse NaN, inf and values whose square overflows the dtype (:mod:`bilevel.core.finite`),
+    naming the leaf and the first offending entry: its position on the leading ``axes``
+    (``("row",)`` for data) or its index."""
+    check_values(tree, arg, owner, axes)
 
 
 def _check_data(data: PyTree, arg: str) -> PyTree:
@@ -409,7 +410,7 @@ def _check_data(data: PyTree, arg: str) -> PyTree:
     if next(iter(counts.values())) == 0:
         raise ValueError(f"BilevelProblem({arg}=...) has zero samples.")
     data = jax.tree.map(jnp.asarray, data)
-    check_finite(data, arg)
+    check_finite(data, arg, axes=("row",))
     return data
 
 

@@ -7,11 +7,13 @@ all of it (:mod:`bilevel.drivers.checkpoint_integrity`, which checks a file befo
 up). A run resumes only from a checkpoint with its own fingerprint (:func:`signature`), so a
 resumed run ends bit-identical to an uninterrupted one. A write goes to a temporary file first
 (:data:`TEMP_PREFIX`); one left by a killed writer is removed by the next run
-(:func:`remove_partial_writes`).
+(:func:`remove_partial_writes`); a write that fails (a full disk, a read-only directory) raises
+:class:`~bilevel.drivers.writes.WriteError` naming the file, and leaves the previous checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,6 +34,7 @@ from bilevel.core.problem import BilevelProblem, users_function
 from bilevel.drivers import checkpoint_integrity as integrity
 from bilevel.drivers.cpu_rewrites import CpuRewrites
 from bilevel.drivers.history import History
+from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 
 __all__ = [
@@ -142,24 +145,34 @@ def _problem_digest(h, problem: BilevelProblem, init) -> None:
 
 def save_checkpoint(directory: Path, state, meta: dict, history: list[dict]) -> None:
     """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``;
-    the file carries a hash of its content (:func:`checkpoint_integrity.content_digest`)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    the file carries a hash of its content (:func:`checkpoint_integrity.content_digest`).
+
+    Raises:
+        WriteError: an ``OSError`` (a full disk, a read-only directory), naming the checkpoint
+            file and keeping the errno; the previous checkpoint is left as it was and the
+            temporary file removed.
+    """
     leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
     arrays = {f"leaf_{i}": a for i, a in enumerate(leaves)}
     meta_json, history_json = json.dumps(meta), json.dumps(history)
     arrays["meta"] = np.array(meta_json)
     arrays["history"] = np.array(history_json)
     arrays["digest"] = np.array(integrity.content_digest(leaves, meta_json, history_json))
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".npz", dir=directory)
+    tmp = None
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".npz", dir=directory)
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, directory / CHECKPOINT_FILE)
+    except OSError as err:
+        raise WriteError(directory / CHECKPOINT_FILE, err) from err
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None and os.path.exists(tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def remove_partial_writes(directory: Path) -> list[str]:
@@ -271,7 +284,9 @@ class Checkpointer:
         return Resume(state, done, float(meta["seconds"]))
 
     def save(self, state, history: History, step: int, seconds: float, force: bool) -> None:
-        """Write a checkpoint if forced or ``interval`` seconds passed (process 0 only)."""
+        """Write a checkpoint if forced or ``interval`` seconds passed (process 0 only); a
+        failed write raises :class:`~bilevel.drivers.writes.WriteError` (the previous
+        checkpoint stays) carrying ``state``."""
         if not parallel.is_main_process():  # one writer per run
             return
         if not force and time.monotonic() - self.last_save < self.interval:
@@ -291,7 +306,11 @@ class Checkpointer:
                 stacklevel=2,
             )
             return
-        save_checkpoint(self.directory, on_file, meta, history.rows)
+        try:
+            save_checkpoint(self.directory, on_file, meta, history.rows)
+        except WriteError as err:
+            err.state = state  # the run's, so that ``solve`` can return the steps done with it
+            raise
         self.last_save = time.monotonic()
 
     def _on_file(self, state):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,11 +58,13 @@ from bilevel.drivers.checks import check_convexity, check_on_divergence, check_s
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
 from bilevel.drivers.engine import Schedule
 from bilevel.drivers.history import History
+from bilevel.drivers.loggers import check_log_to, logged
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Outcome, drop_seed_axis, finish
 from bilevel.drivers.rounds import OnlineEngine, RoundEvaluation, play_first_rounds
 from bilevel.drivers.tuning import NEAR, Tuning
+from bilevel.solvers import names as solver_names
 from bilevel.solvers.base import Solver
 from bilevel.solvers.online.base import OnlineSolver
 
@@ -167,6 +170,7 @@ def solve_online(
     init: Callable[[jax.Array], tuple[PyTree, PyTree]] | None = None,
     cpu_rewrites: CpuRewrites | bool | None = None,
     check_step: bool = True,
+    log_to: str | os.PathLike | None = None,
 ) -> OnlineResult:
     """Play the stream ``problem`` with the online ``solver`` for its ``horizon`` rounds.
 
@@ -195,6 +199,7 @@ def solve_online(
         check_step: refuse a numeric ``lr_outer`` above the solver's stable bound
             (``OnlineSolver.check_outer_step``); ``False`` plays it anyway (to study a
             divergence). ``lr_outer="auto"`` is tuned below the bound (module docstring).
+        log_to: a TensorBoard directory, as in :func:`bilevel.solve` (the round is the step).
 
     Returns:
         An :class:`OnlineResult` (``res.tuning`` says how ``lr_outer="auto"`` was chosen).
@@ -209,6 +214,7 @@ def solve_online(
     _check_arguments(problem, solver, on_divergence, regret_step)
     _, every = check_steps(problem.horizon, eval_every, caller="solve_online")
     seed_list = check_seeds(seed, seeds, caller="solve_online")
+    log_dir = check_log_to(log_to, caller="solve_online")
     settings = ProgramSettings(cpu_rewrites=resolve(cpu_rewrites))
     solver.check_problem(problem)
     solver = solver.with_horizon(problem.horizon)
@@ -230,6 +236,8 @@ def solve_online(
     )
     if tuning is not None:
         display.note(tuning.summary())
+    run = {"problem": problem.name, "rounds": problem.horizon, "eval_every": every}
+    display = logged(display, log_dir, solver, run | {"seeds": len(seed_list)}, history)
     schedule = Schedule(problem.horizon, every, unit="round")
     engine = OnlineEngine(problem, solver, schedule, history, display, evaluation, settings)
     engine.start(state)
@@ -371,7 +379,7 @@ def _check_arguments(problem, solver, on_divergence, regret_step) -> None:
         if isinstance(solver, Solver):
             raise ProblemKindError(
                 f"solve_online(solver=...) needs an online solver, but {solver.name!r} is an "
-                f"offline solver; use one of {', '.join(_online_names())} (e.g. "
+                f"offline solver; use one of {', '.join(solver_names('online'))} (e.g. "
                 "bl.solvers.make('f2obo', lr_outer=..., lr_inner=...)), or run it on one round "
                 "with bl.solve(problem.round_problem(t), solver, steps)."
             )
@@ -389,9 +397,3 @@ def _check_arguments(problem, solver, on_divergence, regret_step) -> None:
             f"solve_online(regret_step={regret_step!r}) must be a positive float (or None: the "
             "solver's outer step)."
         )
-
-
-def _online_names() -> list[str]:
-    from bilevel.solvers import names
-
-    return names("online")

@@ -11,6 +11,7 @@ machine has rebooted since); a lock of another host (a shared filesystem) is nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+
+from bilevel.drivers.writes import WriteError
 
 __all__ = ["LOCK_FILE", "DirectoryInUse", "Owner", "RunLock"]
 
@@ -119,7 +122,9 @@ class RunLock:
         return False
 
     def acquire(self) -> RunLock:
-        """Take the lock, taking over a stale one; :class:`DirectoryInUse` if a live run has it."""
+        """Take the lock, taking over a stale one; :class:`DirectoryInUse` if a live run has it,
+        :class:`~bilevel.drivers.writes.WriteError` (an ``OSError``) if the directory cannot be
+        written."""
         me = Owner(os.getpid(), socket.gethostname(), time.time(), _boot_id(), secrets.token_hex(8))
         for _ in range(5):  # a lock that vanishes or changes hands while looked at: look again
             if self._create(me):
@@ -143,7 +148,7 @@ class RunLock:
         if self._read() == self.owner:
             try:
                 self.path.unlink()
-            except FileNotFoundError:
+            except OSError:  # gone, or the directory turned read-only: the next run takes over
                 pass
         self.owner = None
 
@@ -157,14 +162,24 @@ class RunLock:
         return text + "."
 
     def _create(self, me: Owner) -> bool:
+        """Write the lock file; ``False`` if there is one already. A directory that cannot be
+        written (read-only, a full disk) raises :class:`~bilevel.drivers.writes.WriteError`
+        naming the lock file, and leaves none behind."""
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(me._asdict()))
-            fh.flush()
-            os.fsync(fh.fileno())
+        except OSError as err:
+            raise WriteError(self.path, err) from err
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(me._asdict()))
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            raise WriteError(self.path, err) from err
         return True
 
     def _read(self, path: Path | None = None, tries: int = 10) -> Owner | str | None:

@@ -34,11 +34,13 @@ from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
 from bilevel.drivers.curvature import InnerCurvature, followed_fields
 from bilevel.drivers.engine import Engine, Schedule
 from bilevel.drivers.history import History
+from bilevel.drivers.loggers import check_log_to, logged
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
 from bilevel.drivers.run_lock import RunLock
 from bilevel.drivers.tuning import drifted, needs_tuning, tune
+from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 
 PyTree = Any
@@ -63,6 +65,7 @@ def solve(
     devices: int | None = None,
     mesh: jax.sharding.Mesh | None = None,
     cpu_rewrites: CpuRewrites | bool | None = None,
+    log_to: str | os.PathLike | None = None,
 ) -> Result:
     """Run ``solver`` on ``problem`` for ``steps`` outer iterations.
 
@@ -115,6 +118,14 @@ def solve(
             :class:`bilevel.CpuRewrites`; ``None`` or ``True``: the defaults, ``False``: none).
             They change values only by floating-point summation order, and apply on the CPU
             backend without a mesh (``bilevel.drivers.cpu_rewrites``).
+        log_to: a directory (created if missing) to stream the history to TensorBoard as the
+            run goes (``tensorboard --logdir DIR``): one TensorBoard run per seed
+            (``DIR/seed_<s>``), every numeric column of ``result.history`` a scalar (float32)
+            at its ``step``, and the solver's hyperparameters and the run's settings in the
+            HParams and Text dashboards. Flushed every few seconds, at the end and when
+            interrupted; a run resumed from ``checkpoint`` continues the log from its
+            checkpoint's step, and a fresh run replaces what an earlier one logged there
+            (:mod:`bilevel.drivers.loggers`). Needs ``pip install 'bilevel[tensorboard]'``.
 
     Returns:
         A :class:`Result`.
@@ -122,10 +133,15 @@ def solve(
     Raises:
         Interrupted: on Ctrl-C (SIGINT) or SIGTERM, after writing the checkpoint (when one was
             asked for); its ``.result`` holds the history and iterates of the steps done.
+        ImportError: ``log_to`` without ``tensorboardX`` installed (naming the extra).
         ValueError: bad arguments; a checkpoint directory in use by another run
             (:class:`bilevel.drivers.run_lock.DirectoryInUse`); a corrupt checkpoint
             (:class:`bilevel.drivers.checkpoint_integrity.CorruptCheckpoint`) or one of
             another run.
+        WriteError: (an ``OSError``, :class:`bilevel.drivers.writes.WriteError`) when a
+            checkpoint cannot be written (a full disk, a read-only directory): it names the
+            file and keeps the errno; its ``.result`` holds the steps done; the previous
+            checkpoint stays, so the same call resumes from it once the fault is gone.
         NotStronglyConvexWarning: (a warning) when g(x0, .) does not look strongly convex.
     """
     steps, every = check_arguments(problem, solver, steps, on_divergence, eval_every)
@@ -133,9 +149,10 @@ def solve(
     seed_list = check_seeds(seed, seeds)
     mesh = parallel.make_mesh(devices, mesh)
     ckpt_dir = check_checkpoint_dir(checkpoint)
+    log_dir = check_log_to(log_to)
     settings = ProgramSettings(mesh=mesh, cpu_rewrites=resolve(cpu_rewrites))
     plan = _Plan(steps, every, seed_list, seeds is not None, init, settings, mesh, ckpt_dir,
-                 checkpoint_interval, progress, time_limit)  # fmt: skip
+                 checkpoint_interval, progress, time_limit, log_dir)  # fmt: skip
     with _owned(ckpt_dir, progress):
         result, stopped = _solve(problem, solver, plan)
     # here, so that a DivergenceWarning points at solve's caller
@@ -192,6 +209,7 @@ class _Plan(NamedTuple):
     interval: float
     progress: bool
     time_limit: float | None
+    log_to: Any = None  # the TensorBoard directory (loggers)
 
 
 def _attempt(problem, solver: Solver, tuning, plan: _Plan):
@@ -209,10 +227,16 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
     display = Progress(show, plan.steps, solver.name, problem.name, len(plan.seeds))
     if tuning is not None:
         display.note(tuning.summary())
+    display = _logged(display, problem, solver, plan, history, resume)
     schedule = Schedule(plan.steps, plan.every, plan.time_limit)
     engine = Engine(placed, solver, schedule, history, display, settings=plan.settings,
                     checkpointer=checkpointer, resume=resume, adapt=adapt)  # fmt: skip
-    state, stopped = _run(engine, state, resume, plan.ckpt_dir)
+    try:
+        state, stopped = _run(engine, state, resume, plan.ckpt_dir)
+    except WriteError as err:  # a checkpoint write failed: the steps done go with the error
+        if err.state is not None:
+            err.result = engine.result(err.state, seed_axis=plan.batched)
+        raise
     # what the seeds drew and called, diverged evaluations included (a retry counts them)
     spent = {k: max(t[k] for t in history.totals) for k in Counts._fields}
     return engine.result(state, seed_axis=plan.batched), stopped, spent
@@ -249,6 +273,24 @@ def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):
         return engine.loop(state)
     finally:
         engine.display.close()
+
+
+def _logged(display: Progress, problem, solver: Solver, plan: _Plan, history, resume):
+    """``display``, with the run's TensorBoard log behind it when ``log_to`` was given (on
+    process 0 only): the rows a resumed run restored are not logged again."""
+    if not parallel.is_main_process():
+        return display
+    settings = {
+        "problem": problem.name,
+        "steps": plan.steps,
+        "eval_every": plan.every,
+        "seeds": len(plan.seeds),
+        "time_limit": plan.time_limit,
+        "devices": 1 if plan.mesh is None else plan.mesh.size,
+        "init": "random" if plan.init is not None else "x0",
+    }
+    first = 0 if resume is None else resume.step + 1
+    return logged(display, plan.log_to, solver, settings, history, first)
 
 
 def _note_tuning(result: Result, tuning) -> None:

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bilevel.core.finite import check_values
+
 PyTree = Any
 
 __all__ = [
@@ -298,8 +300,7 @@ def check_features(X, arg: str, fn: str, *, ndim: int = 2, n: int | None = None)
     if a.dtype.kind not in "biuf":
         raise ValueError(f"{fn}({arg}=...) must be real-valued, got dtype {a.dtype}.")
     a = a.astype(float_dtype())
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{fn}({arg}=...) holds non-finite values (NaN or inf).")
+    check_values(a, arg, fn, axes=("row",), label=False)  # NaN, inf, or a square overflowing
     return a
 
 
