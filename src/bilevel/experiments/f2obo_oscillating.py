@@ -13,7 +13,8 @@ gradient mapping through X = [-1, 1] with each method's gamma (``bl.solve_online
 
 Every method runs with the same x step and lam_1 = 5 (> 4 c / mu_g, the theory's
 lam_1 > 2 L_{f,1}/mu_g at the stream's c = mu_g = 1), tau = 1/2 for the penalty methods, and
-the theory's inner steps 1/L_g (``lr_inner="auto"``).
+the inner step alpha = 0.1 (below Theorem 4.1's 1/L_{g,1} = 1); :data:`PAPER_PROTOCOL` lists
+every setting with its source.
 """
 
 from __future__ import annotations
@@ -28,20 +29,105 @@ import pandas as pd
 import bilevel as bl
 from bilevel.experiments import register
 from bilevel.experiments.common import Claim, write_outputs
+from bilevel.experiments.protocols import OURS, Protocol, Sourced
+from bilevel.experiments.protocols import PAPER as PAPER_NAME
+from bilevel.experiments.stable_hpo import as_run
 
-#: (label, solver, hyperparameters): AF2OBO with Theorem 4.1's thresholds against fixed K
-METHODS = (
-    (
-        "AF2OBO",
-        "af2obo",
-        {"tau": 0.5, "delta_y": "theory", "delta_z": "theory", "max_inner_steps": 10_000},
-    ),
-    ("F2OBO (K = 5)", "f2obo", {"tau": 0.5, "inner_steps": 5}),
-    ("OBBO (K = 5)", "obbo", {"inner_steps": 5}),
+SEC42 = "F2OBO paper, Sec. 4.2"
+THM41 = "F2OBO paper, Thm. 4.1"
+APP_A = "App. A's value for the Sec. 6.1 experiment"
+
+#: the headline run (issue #35): the stream and AF2OBO's settings that Sec. 4.2 and Theorem 4.1
+#: state, with their sources; the paper runs no experiment on this stream, so its constants, the
+#: horizons and the baselines' settings are ours. The run reads every value from here
+#: (:func:`methods_of`, :func:`settings`).
+PAPER_PROTOCOL = Protocol(
+    PAPER_NAME,
+    "The Sec. 4.2 oscillating stream (full mode): AF2OBO with Theorem 4.1's thresholds at "
+    "tau = 1/2 against fixed-K F2OBO and OBBO.",
+    {
+        "stream": Sourced("f_t = c exp(-y^2), g_t = (mu_g/2)(y - (-1)^t x)^2, X = [-1, 1]", SEC42),
+        "c, mu_g": Sourced(
+            (1.0, 1.0),
+            OURS + " (Sec. 4.2: 'c set appropriately'; lam_1 = 5 > 2 L_f1/mu_g = 4c/mu_g)",
+        ),
+        "x_1, y_1": Sourced((0.5, 0.0), OURS + " (the paper gives none)"),
+        "horizons T": Sourced((100, 300, 1000, 3000), OURS),
+        "gamma (x step, every method)": Sourced(
+            0.1, OURS + " (Thm. 4.1 asks gamma <= 1/(2 L_F) = 0.25 at c = 1)"
+        ),
+        "alpha (z / inner step, every method)": Sourced(
+            0.1, f"{OURS} ({APP_A}; Thm. 4.1 asks alpha <= 1/L_g1 = 1)"
+        ),
+        "beta_t (y step, penalty methods)": Sourced(
+            "alpha / (2 lam_t) (the solvers' default)",
+            THM41 + " (beta_t <= 1/(2 lam_t L_g1))",
+        ),
+        "lam_1 (penalty methods)": Sourced(
+            5.0, f"{THM41} (lam_1 > 2 L_f1/mu_g = 4 here); the value: {APP_A}"
+        ),
+        "tau (AF2OBO)": Sourced(0.5, SEC42 + " ('if we choose tau = 1/2')"),
+        "delta_y, delta_z (AF2OBO)": Sourced(
+            ("theory", "theory"), THM41 + ": T^(-1/2), T^(-(1+2 tau)/2)"
+        ),
+        "cap on AF2OBO's loops": Sourced(10_000, OURS + " (the paper has none)"),
+        "tau (F2OBO)": Sourced(0.5, OURS + " (as AF2OBO's)"),
+        "K (F2OBO, OBBO)": Sourced(5, f"{OURS} ({APP_A})"),
+        "OBBO window, eta": Sourced("1, 1 (the solver's defaults)", OURS),
+        "regret": Sourced(
+            "closed-form grad F_t, gradient mapping through X with each method's gamma",
+            "F2OBO paper, Sec. 2.2, eq. (2) (BLReg)",
+        ),
+        "seeds": Sourced(1, OURS + " (the stream and the methods are deterministic)"),
+    },
 )
+#: what a quick run changes: shorter horizons
+QUICK = {"horizons T": (30, 100, 300)}
+
+
+def settings(quick: bool, seeds: int | None = None) -> dict:
+    """The values a run uses: the protocol's, a quick run's horizons, the command line's seeds."""
+    s = PAPER_PROTOCOL.values()
+    if quick:
+        s.update(QUICK)
+    if seeds is not None:
+        s["seeds"] = seeds
+    return s
+
+
+def methods_of(s: dict) -> tuple:
+    """``(label, solver, hyperparameters)`` of every method: AF2OBO with Theorem 4.1's
+    thresholds against fixed K."""
+    K = s["K (F2OBO, OBBO)"]
+    delta_y, delta_z = s["delta_y, delta_z (AF2OBO)"]
+    af2obo = {
+        "tau": s["tau (AF2OBO)"],
+        "delta_y": delta_y,
+        "delta_z": delta_z,
+        "max_inner_steps": s["cap on AF2OBO's loops"],
+    }
+    return (
+        ("AF2OBO", "af2obo", af2obo),
+        (f"F2OBO (K = {K})", "f2obo", {"tau": s["tau (F2OBO)"], "inner_steps": K}),
+        (f"OBBO (K = {K})", "obbo", {"inner_steps": K}),
+    )
+
+
+def common_of(s: dict) -> dict:
+    """The settings every method shares (OBBO takes no multiplier: :func:`hyper_for`)."""
+    return {
+        "lr_outer": s["gamma (x step, every method)"],
+        "lr_inner": s["alpha (z / inner step, every method)"],
+        "lam1": s["lam_1 (penalty methods)"],
+    }
+
+
+#: (label, solver, hyperparameters) of the paper protocol: AF2OBO with Theorem 4.1's
+#: thresholds against fixed K
+METHODS = methods_of(PAPER_PROTOCOL.values())
 #: shared by every method
-COMMON = {"lr_outer": 0.1, "lr_inner": 0.1, "lam1": 5.0}
-HORIZONS = {"full": (100, 300, 1000, 3000), "quick": (30, 100, 300)}
+COMMON = common_of(PAPER_PROTOCOL.values())
+HORIZONS = {"full": PAPER_PROTOCOL["horizons T"], "quick": QUICK["horizons T"]}
 #: the histories' inner-iteration columns, by kind of method (adaptive: recorded per round)
 ITERATION_COLUMNS = ("inner_iterations_z", "inner_iterations_y", "inner_iterations")
 
@@ -55,10 +141,12 @@ PAPER = {
 }
 
 
-def hyper_for(solver: str, hyper: dict) -> dict:
-    """``hyper`` with the shared settings a solver takes (OBBO has no multiplier)."""
-    common = {k: v for k, v in COMMON.items() if not (solver == "obbo" and k == "lam1")}
-    return {**common, **hyper}
+def hyper_for(solver: str, hyper: dict, common: dict | None = None) -> dict:
+    """``hyper`` with the shared settings ``common`` (default :data:`COMMON`) a solver takes
+    (OBBO has no multiplier)."""
+    common = COMMON if common is None else common
+    shared = {k: v for k, v in common.items() if not (solver == "obbo" and k == "lam1")}
+    return {**shared, **hyper}
 
 
 def inner_iterations(solver: str, hyper: dict, hist: pd.DataFrame) -> np.ndarray:
@@ -97,19 +185,20 @@ def slope(T: np.ndarray, values: np.ndarray) -> float:
     "F2OBO (Jia & Chen, arXiv:2602.11665), Sec. 4.2",
     "1-D stream with y*_t flipping sign every round: regret and inner iterations against T, "
     "AF2OBO (theory thresholds) vs fixed-K F2OBO/OBBO",
-    default_seeds=1,
+    default_seeds=PAPER_PROTOCOL["seeds"],
 )
 def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    horizons = HORIZONS["quick" if quick else "full"]
-    methods = METHODS
+    s = settings(quick, seeds)
+    horizons, methods, common = s["horizons T"], methods_of(s), common_of(s)
+    stream = stream_of(s)
     histories, finals = {}, []
     for label, solver, hyper in methods:
-        hyper = hyper_for(solver, hyper)
+        hyper = hyper_for(solver, hyper, common)
         for T in horizons:
-            h, final = play(label, solver, hyper, T, seeds, log)
+            h, final = play(label, solver, hyper, T, seeds, log, stream)
             histories[f"{label} T={T}"] = h
             finals.append(final)
     table = pd.DataFrame(finals)
@@ -131,14 +220,24 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         metric="regret",
         figures={f"regret_T{horizons[-1]}": biggest},
         xs=("step",),
-        setting=setting(horizons, methods, seeds),
+        setting=setting(methods, common),
+        protocols=[as_run(PAPER_PROTOCOL, s, quick)],
     )
 
 
-def play(label: str, solver: str, hyper: dict, T: int, seeds: int, log):
-    """One method on the stream of horizon T: its history (per round, with the cumulative
-    inner iterations) and its final row (regret, inner iterations, seconds at round T)."""
-    problem = bl.problems.oscillating(T)
+def stream_of(s: dict) -> dict:
+    """The stream's constants (``bl.problems.oscillating``'s keywords) in a run with settings
+    ``s``."""
+    (c, mu_g), (x0, y0) = s["c, mu_g"], s["x_1, y_1"]
+    return {"c": c, "mu_g": mu_g, "x0": x0, "y0": y0}
+
+
+def play(label: str, solver: str, hyper: dict, T: int, seeds: int, log, stream=None):
+    """One method on the stream of horizon T (``stream``: its constants, default the
+    protocol's): its history (per round, with the cumulative inner iterations) and its final
+    row (regret, inner iterations, seconds at round T)."""
+    stream = stream_of(PAPER_PROTOCOL.values()) if stream is None else stream
+    problem = bl.problems.oscillating(T, **stream)
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", bl.DivergenceWarning)
@@ -177,15 +276,11 @@ def play(label: str, solver: str, hyper: dict, T: int, seeds: int, log):
     return h, final
 
 
-def setting(horizons, methods, seeds: int) -> dict:
+def setting(methods, common: dict) -> dict:
+    """Each method's solver and hyperparameters as run (the protocol's table has their
+    sources)."""
     return {
-        "stream": "bl.problems.oscillating(T): c = 1, mu_g = 1, X = [-1, 1], x_1 = 0.5",
-        "T": ", ".join(map(str, horizons)),
-        "methods": "; ".join(f"{lb}: {s} {hyper_for(s, h)}" for lb, s, h in methods),
-        "AF2OBO thresholds": "delta_y = T^-1/2, delta_z = T^-(1+2 tau)/2 = T^-1 "
-        "(delta_*='theory', Theorem 4.1); loops capped at 10000 steps",
-        "regret": "closed-form grad F_t, G_X through X with each method's gamma",
-        "seeds": seeds,
+        "methods": "; ".join(f"{lb}: {s} {hyper_for(s, h, common)}" for lb, s, h in methods),
     }
 
 

@@ -32,45 +32,125 @@ import pandas as pd
 import bilevel as bl
 from bilevel.experiments import register
 from bilevel.experiments.common import Claim, Method, final_mean, run_methods, write_outputs
+from bilevel.experiments.protocols import OURS, Protocol, Sourced
+from bilevel.experiments.protocols import PAPER as PAPER_NAME
 from bilevel.experiments.report import _save, mean_std
+from bilevel.experiments.stable_hpo import as_run
 from bilevel.solvers.frank_wolfe.ibcg import ADJOINT_FRACTION
 
-#: IBCG with its defaults and the convex rule (the same curve settings at both mu_g)
-IBCG = ("IBCG", "ibcg", {"gamma_rule": "convex"})
-#: per figure: mu_g and its methods (label, solver, hyperparameters)
-FIGURES = {
-    "fig1": (1.0, [IBCG, ("SBFW", "sbfw", {})]),
-    "fig3": (
-        0.1,
-        [
-            IBCG,
-            ("SBFW", "sbfw", {}),
-            ("SBFW (Hessian inverse)", "sbfw", {"hessian_inverse": "exact"}),
-        ],
-    ),
-    "fig4": (
-        0.1,
-        [
-            IBCG,
-            ("SBFW tuned", "sbfw", {"variant": "tuned"}),
-            (
-                "SBFW tuned (Hessian inverse)",
-                "sbfw",
-                {"variant": "tuned", "hessian_inverse": "exact"},
-            ),
-        ],
-    ),
-}
-STEPS = {
-    "full": {"fig1": 100, "fig3": 1000, "fig4": 1000},
-    # quick: every step is evaluated (the theta_k paths), so the run's time is its step count
-    "quick": {"fig1": 30, "fig3": 60, "fig4": 60},
-}
 #: "converges": final F_gap below TOL and at least DROP times below its start (the last iterate,
 #: which Theorem 4.1 bounds); TAIL: the share of the last steps whose F_gap range is reported
 TOL, DROP, TAIL = 1e-2, 100.0, 0.1
 #: the extra run of Fig. 4's tuned SBFW with Hessian inverse (full mode): how long it needs
 LONG_STEPS, LONG_EVERY = 1_000_000, 1000
+SEC51 = "IBCG paper, Sec. 5.1"
+G1, G2 = "IBCG paper, App. G.1", "IBCG paper, App. G.2"
+
+#: the headline run (issue #35): Sec. 5.1 and App. G.2's settings with their sources; the toy's
+#: A, points and L_g are ours (the paper gives none). The run reads its mu_g, K, L_g, the IBCG
+#: step rule and the SBFW variants from here (:func:`figures_of`, :func:`steps_of`).
+PAPER_PROTOCOL = Protocol(
+    PAPER_NAME,
+    "IBCG against SBFW on the coreset toy (13), Figs. 1, 3 and 4 (full mode): both methods "
+    "with the step sizes of their theory, SBFW also with the exact Hessian inverse and tuned.",
+    {
+        "problem": Sourced(
+            "eq. (13): min over the simplex of norm(theta(lambda) - x_0)^2 / 2, "
+            "theta(lambda) = argmin norm(A theta - X lambda)^2 / 2",
+            "IBCG paper, Sec. 5.1, eq. (13)",
+        ),
+        "x_0, theta_0, lambda_0": Sourced("(2, 2), (0, 0), 1_4 / 4", SEC51),
+        "A, points x_1..x_4": Sourced(
+            "A = diag(sqrt(L_g), sqrt(mu_g)) Q^T, Q the rotation by pi/6; the unit square's "
+            "vertices",
+            OURS + " (the paper gives none; A^T A has eigenvalues {mu_g, L_g})",
+        ),
+        "L_g": Sourced(4.0, OURS + " (the paper gives none; see the L_g scan in the claims)"),
+        "mu_g (Figs. 1, 3, 4)": Sourced(
+            (1.0, 0.1, 0.1), "IBCG paper, Sec. 5.1 (Fig. 1); App. G.2 (Figs. 3, 4)"
+        ),
+        "K (Figs. 1, 3, 4)": Sourced(
+            (100, 1000, 1000), "IBCG paper, Sec. 5.1 (Fig. 1: 10^2); App. G.2 (Figs. 3, 4: 10^3)"
+        ),
+        "IBCG gamma": Sourced(
+            "convex",
+            "IBCG paper, Cor. 4.2: gamma = log K / K for convex l (Sec. 5.1: steps 'as "
+            "suggested by their theoretical analysis')",
+        ),
+        "IBCG alpha": Sourced("2/(mu_g + L_g)", "IBCG paper, Lemma 3.1 (the steps of Thm. 4.1)"),
+        "IBCG eta": Sourced(
+            f"{ADJOINT_FRACTION} x 2/(mu_g + L_g)",
+            f"IBCG paper, Lemma 3.1 (eta < (1 - beta)/mu_g = 2/(mu_g + L_g)); the fraction: {OURS}",
+        ),
+        "IBCG w_0": Sourced("y0", "IBCG paper, Algorithm 1, line 2 (w^0 = y^0)"),
+        "SBFW steps": Sourced(
+            "rho_k = 2/k^(1/2), eta_k = 2/(k+1)^(3/4), delta_k = a_0/k^(1/2), "
+            "a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)}",
+            G1 + " ('based on the theoretical analysis in [ABTR22]')",
+        ),
+        "SBFW step clipping": Sourced("rho_k, eta_k clipped to [0, 1]", OURS),
+        "SBFW M": Sourced("(k/L_g) prod_{i=1}^{l} (I - H/L_g), l ~ U{1..k}", G1),
+        "SBFW with Hessian inverse (Figs. 3, 4)": Sourced("exact", G2),
+        "SBFW tuned (Fig. 4)": Sourced("tuned", G2 + ": delta x 5, eta x 0.1"),
+        "seeds": Sourced(3, OURS + " (SBFW's M is random: bands; the rest is deterministic)"),
+        "eval every": Sourced(1, OURS + " (theta_k at every step, for the trajectories)"),
+        "dtype": Sourced("float32", OURS + " (the library default)"),
+        "convergence rule": Sourced(
+            f"final F_gap < {TOL:g} and >= {DROP:g}x below its start (mean over seeds)", OURS
+        ),
+        "extra long run (Fig. 4's tuned SBFW, Hessian inverse)": Sourced(
+            f"{LONG_STEPS} steps, eval every {LONG_EVERY}", OURS
+        ),
+    },
+)
+#: what a quick run changes: fewer steps (every one is evaluated), no long run
+QUICK = {
+    "K (Figs. 1, 3, 4)": (30, 60, 60),
+    "extra long run (Fig. 4's tuned SBFW, Hessian inverse)": "not run",
+}
+
+
+def settings(quick: bool, seeds: int | None = None) -> dict:
+    """The values a run uses: the protocol's, a quick run's, the command line's seeds."""
+    s = PAPER_PROTOCOL.values()
+    if quick:
+        s.update(QUICK)
+    if seeds is not None:
+        s["seeds"] = seeds
+    return s
+
+
+def figures_of(s: dict) -> dict:
+    """Per figure, its mu_g and its methods ``(label, solver, hyperparameters)``."""
+    ibcg = ("IBCG", "ibcg", {"gamma_rule": s["IBCG gamma"], "w0": s["IBCG w_0"]})
+    exact = {"hessian_inverse": s["SBFW with Hessian inverse (Figs. 3, 4)"]}
+    tuned = {"variant": s["SBFW tuned (Fig. 4)"]}
+    mu = dict(zip(("fig1", "fig3", "fig4"), s["mu_g (Figs. 1, 3, 4)"], strict=True))
+    return {
+        "fig1": (mu["fig1"], [ibcg, ("SBFW", "sbfw", {})]),
+        "fig3": (
+            mu["fig3"],
+            [ibcg, ("SBFW", "sbfw", {}), ("SBFW (Hessian inverse)", "sbfw", exact)],
+        ),
+        "fig4": (
+            mu["fig4"],
+            [
+                ibcg,
+                ("SBFW tuned", "sbfw", tuned),
+                ("SBFW tuned (Hessian inverse)", "sbfw", dict(tuned, **exact)),
+            ],
+        ),
+    }
+
+
+def steps_of(s: dict) -> dict[str, int]:
+    """K per figure."""
+    return dict(zip(("fig1", "fig3", "fig4"), s["K (Figs. 1, 3, 4)"], strict=True))
+
+
+#: per figure: mu_g and its methods (label, solver, hyperparameters), as the protocol gives them
+FIGURES = figures_of(PAPER_PROTOCOL.values())
+STEPS = {"full": steps_of(PAPER_PROTOCOL.values()), "quick": steps_of(settings(quick=True))}
 PAPER = {
     "fig1": "Fig. 1 (mu_g = 1, K = 100): IBCG converges to the optimum, SBFW fails to converge",
     "fig3": (
@@ -104,9 +184,9 @@ LG_VERDICT = (
 )
 
 
-def tracked(mu_g: float) -> bl.BilevelProblem:
+def tracked(mu_g: float, L_g: float = PAPER_PROTOCOL["L_g"]) -> bl.BilevelProblem:
     """The toy with theta_k's coordinates added to its metrics (for the trajectory panel)."""
-    problem = bl.problems.coreset_toy(mu_g=mu_g)
+    problem = bl.problems.coreset_toy(mu_g=mu_g, L_g=L_g)
     base = problem.metrics
 
     def metrics(lam, theta):
@@ -119,22 +199,23 @@ def tracked(mu_g: float) -> bl.BilevelProblem:
     "ibcg-toy",
     "IBCG (Abolfazli et al.), Sec. 5.1 / App. G.2, Figs. 1, 3, 4",
     "2-D coreset toy: IBCG vs SBFW (theory, exact Hessian inverse, tuned), theta paths and gaps",
-    default_seeds=3,
+    default_seeds=PAPER_PROTOCOL["seeds"],
 )
 def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     """Figs. 1, 3, 4 of Sec. 5.1 / App. G.2: figures, curves and claims.md in ``out_dir``."""
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = STEPS["quick" if quick else "full"]
-    problems = {mu: tracked(mu) for mu, _ in FIGURES.values()}
-    figures, extra = run_figures(problems, steps, seeds, quick, log)
+    s = settings(quick, seeds)
+    steps, plan = steps_of(s), figures_of(s)
+    problems = {mu: tracked(mu, s["L_g"]) for mu, _ in plan.values()}
+    figures, extra = run_figures(problems, steps, seeds, quick, log, plan, s["eval every"])
     for fig, hists in figures.items():
-        mu_g = FIGURES[fig][0]
+        mu_g = plan[fig][0]
         title = f"IBCG toy, Fig. {fig[3:]}: mu_g = {mu_g:g}, K = {steps[fig]}"
         title += " [QUICK RUN]" if quick else ""
         plot_figure(hists, problems[mu_g].reference, out_dir / f"{fig}.png", title)
-    long = None if quick else long_run(problems[0.1], log)
+    long = None if quick else long_run(problems[plan["fig4"][0]], log)
     claims = judge(figures, quick, long)
     notes = make_notes(extra, long, seeds)
     return write_outputs(
@@ -148,19 +229,29 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         seconds=time.perf_counter() - t_start,
         metric="F_gap",
         figures={f"{fig}_F_gap": hists for fig, hists in figures.items()},
-        setting=setting(problems, steps, seeds),
+        setting=setting(problems),
+        protocols=[as_run(PAPER_PROTOCOL, s, quick)],
     )
 
 
-def run_figures(problems: dict, steps: dict, seeds: int, quick: bool, log) -> tuple[dict, dict]:
+def run_figures(
+    problems: dict,
+    steps: dict,
+    seeds: int,
+    quick: bool,
+    log,
+    plan: dict | None = None,
+    eval_every: int = 1,
+) -> tuple[dict, dict]:
     """Every figure's histories by label and (full mode) the one-chunk timings of its curves
-    (:func:`dispatch_seconds`); ``problems``: the tracked toy by mu_g.
+    (:func:`dispatch_seconds`); ``problems``: the tracked toy by mu_g; ``plan``: the figures'
+    mu_g and methods (default :data:`FIGURES`).
 
     A curve with the same mu_g, label and K in two figures (IBCG in Figs. 3 and 4) is one run.
     """
     done, figures, extra = {}, {}, {}
-    for fig, (mu_g, methods) in FIGURES.items():
-        listed = [Method(label, s, h, steps[fig], 1) for label, s, h in methods]
+    for fig, (mu_g, methods) in (FIGURES if plan is None else plan).items():
+        listed = [Method(label, s, h, steps[fig], eval_every) for label, s, h in methods]
         todo = [m for m in listed if (mu_g, m.label, m.steps) not in done]
         log(f"{fig}: mu_g = {mu_g:g}, K = {steps[fig]}")
         for label, h in run_methods(problems[mu_g], todo, seeds=seeds, log=log).items():
@@ -172,23 +263,18 @@ def run_figures(problems: dict, steps: dict, seeds: int, quick: bool, log) -> tu
     return figures, extra
 
 
-def setting(problems: dict, steps: dict, seeds: int) -> dict:
-    """The run's setting; SBFW's a_0 and the toy's L_g read off the problems."""
+def setting(problems: dict) -> dict:
+    """What the protocol's rules give on this toy: its L_g and SBFW's a_0, read off the
+    problems (every other setting is in the protocol's table)."""
     a0 = {mu: bl.solvers.make("sbfw").resolve(p).lr_inner for mu, p in problems.items()}
     L_g = {
         mu: np.linalg.eigvalsh(p.reference.A.T @ p.reference.A)[-1] for mu, p in problems.items()
     }
     return {
-        "K (Figs. 1, 3, 4)": f"{steps['fig1']}, {steps['fig3']}, {steps['fig4']}",
-        "mu_g (Figs. 1, 3, 4)": ", ".join(f"{FIGURES[f][0]:g}" for f in FIGURES),
-        "L_g": ", ".join(f"{v:.4g}" for v in L_g.values()),
-        "IBCG": "gamma = log K / K (convex rule), alpha = 2/(mu_g + L_g), "
-        f"eta = {ADJOINT_FRACTION} alpha (its defaults)",
+        "L_g (eigenvalue of A^T A)": ", ".join(f"{v:.4g}" for v in L_g.values()),
         "SBFW a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)}": ", ".join(
             f"{v:.4g} (mu_g = {mu:g})" for mu, v in a0.items()
         ),
-        "seeds": seeds,
-        "dtype": "float32 (the library default; x64 off)",
     }
 
 
@@ -209,7 +295,8 @@ def dispatch_seconds(problem, methods, hists, seeds: int) -> dict[str, tuple[flo
 def long_run(problem, log) -> pd.DataFrame:
     """Fig. 4's tuned SBFW with Hessian inverse for LONG_STEPS steps (deterministic: 1 seed)."""
     t0 = time.perf_counter()
-    solver = bl.solvers.make("sbfw", variant="tuned", hessian_inverse="exact")
+    tuned, exact = PAPER_PROTOCOL["SBFW tuned (Fig. 4)"], "SBFW with Hessian inverse (Figs. 3, 4)"
+    solver = bl.solvers.make("sbfw", variant=tuned, hessian_inverse=PAPER_PROTOCOL[exact])
     res = bl.solve(problem, solver, steps=LONG_STEPS, eval_every=LONG_EVERY, progress=False)
     log(f"  tuned SBFW (Hessian inverse), {LONG_STEPS} steps: {time.perf_counter() - t0:.1f} s")
     return res.history

@@ -35,19 +35,27 @@ from bilevel.experiments.common import (
 )
 
 # E3 and E5 live in their own modules; their names stay importable from here
+from bilevel.experiments.pzobo_paper import (  # noqa: F401 (published here too)
+    CODE_DIRECTIONS,
+    E1_NOTEBOOK,
+    E1_PAPER_PROTOCOL,
+    E1_SWEEP_NOTEBOOK,
+    E2_NOTEBOOK,
+    E2_NOTEBOOK_PRINTED,
+    E2_PAPER_PROTOCOL,
+    E2_SWEEP_NOTEBOOK,
+    NOTEBOOK_E1,
+    NOTEBOOK_E2,
+    PAPER_B,
+    PAPER_B2,
+)
+from bilevel.experiments.stable_hpo import as_run
 from bilevel.problems.hyper_representation import (
     hyper_representation,
     synthetic_hyperrep_data,
 )
 
 # ---- E1 ----------------------------------------------------------------------------------------
-#: the authors' notebook values, loss at the last iteration (Fig. 2 (a), (b) print no numbers)
-E1_NOTEBOOK = {
-    128: {"PZOBO": 0.0185, "AID-FP": 0.0773, "AID-CG": 0.0665, "HOZOG": 16.91},
-    256: {"PZOBO": 0.0096, "AID-FP": 0.0451, "AID-CG": 0.1218, "HOZOG": 7.544},
-}
-E1_SWEEP_NOTEBOOK = {10: 0.0092, 20: 0.0143, 40: 0.0058}
-E1_CASES = {128: dict(m=64, d=128, n=500, steps=100), 256: dict(m=128, d=256, n=1000, steps=150)}
 
 
 def with_unrolled_loss(problem, inner_steps: int, lr_inner: float, *, grad_norm: bool = False):
@@ -83,24 +91,71 @@ def with_unrolled_loss(problem, inner_steps: int, lr_inner: float, *, grad_norm:
     return problem.replace(metrics=metrics)
 
 
-#: the authors' code normalises each direction tensor to unit norm (Algorithm 1 draws u_j from
-#: N(0, I); the code's choice is this option)
-CODE_DIRECTIONS = "sphere_unscaled_per_tensor"
+#: what a quick run changes (d = 128 only, 20 steps, one N of the sweep)
+E1_QUICK = {
+    "d": (128,),
+    "m (input dimension)": (64,),
+    "n (inner and outer samples)": (500,),
+    "outer steps": (20,),
+    "N-sweep (Fig. 2 (c), d = 128)": (10,),
+}
 
 
-def e1_methods(d: int, steps: int, *, N: int = 20, lr_inner: float = 0.001) -> list[Method]:
-    common = dict(lr_inner=lr_inner, inner_steps=N, outer_optimizer="adam", warm_start=False)
-    zo = dict(smoothing=0.01, directions=CODE_DIRECTIONS)
-    aid_cg_lr = 0.01 if d == 256 else 0.05  # notebook: "diverges with 0.05" at d = 256
-    every = 5
+def e1_settings(quick: bool, seeds: int | None = None) -> dict:
+    """The values an E1 run uses: the protocol's, a quick run's sizes, the command line's
+    seeds."""
+    s = E1_PAPER_PROTOCOL.values()
+    if quick:
+        s.update(E1_QUICK)
+    if seeds is not None:
+        s["seeds"] = seeds
+    return s
+
+
+def e1_cases(s: dict) -> dict[int, dict]:
+    """``{d: dict(m, d, n, steps)}`` of a run with settings ``s``."""
+    keys = ("d", "m (input dimension)", "n (inner and outer samples)", "outer steps")
+    columns = zip(*(s[k] for k in keys), strict=True)
+    return {d: dict(m=m, d=d, n=n, steps=k) for d, m, n, k in columns}
+
+
+def e1_hyper(s: dict, n: int, lr_outer: float, *, zeroth_order: bool = False) -> dict:
+    """The hyperparameters every E1 method shares, with N = ``n`` inner steps."""
+    hyper = dict(
+        lr_inner=s["alpha (inner GD step)"],
+        inner_steps=n,
+        outer_optimizer=s["outer optimizer"],
+        warm_start=s["warm start"],
+        lr_outer=lr_outer,
+    )
+    if zeroth_order:
+        hyper.update(
+            smoothing=s["mu (PZOBO, HOZOG)"],
+            num_directions=s["Q (directions per step)"],
+            directions=s["directions"],
+        )
+    return hyper
+
+
+def e1_methods(d: int, steps: int, s: dict | None = None) -> list[Method]:
+    """E1's five methods at embedding size ``d`` (``s``: a run's settings, default the paper
+    protocol's)."""
+    s = E1_PAPER_PROTOCOL.values() if s is None else s
+    N, lr, every = s["N (inner GD steps)"], s["outer lr"], s["eval every"]
+    K = s["AID-FP, AID-CG linear-system steps K"]
+    aid_cg_lr = s["AID-CG outer lr at d = 256"] if d == 256 else lr
     return [
-        Method("PZOBO", "pzobo", dict(common, **zo, lr_outer=0.05), steps, every),
-        Method("AID-FP", "aid-fp", dict(common, lr_outer=0.05, linsolve_steps=N), steps, every),
+        Method("PZOBO", "pzobo", e1_hyper(s, N, lr, zeroth_order=True), steps, every),
+        Method("AID-FP", "aid-fp", dict(e1_hyper(s, N, lr), linsolve_steps=K), steps, every),
+        Method("AID-CG", "aid-cg", dict(e1_hyper(s, N, aid_cg_lr), linsolve_steps=K), steps, every),
+        Method("ITD-R", "itd", e1_hyper(s, N, lr), steps, every),
         Method(
-            "AID-CG", "aid-cg", dict(common, lr_outer=aid_cg_lr, linsolve_steps=N), steps, every
+            "HOZOG",
+            "hozog",
+            e1_hyper(s, N, s["HOZOG outer lr"], zeroth_order=True),
+            steps,
+            every,
         ),
-        Method("ITD-R", "itd", dict(common, lr_outer=0.05), steps, every),
-        Method("HOZOG", "hozog", dict(common, **zo, lr_outer=0.1), steps, every),
     ]
 
 
@@ -108,25 +163,31 @@ def e1_methods(d: int, steps: int, *, N: int = 20, lr_inner: float = 0.001) -> l
     "pzobo-hyperrep-linear",
     "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E1 / Fig. 2a-c",
     "linear hyper-representation, d = 128 and 256: PZOBO vs AID-FP/CG, ITD-R, HOZOG",
-    default_seeds=1,
+    default_seeds=E1_PAPER_PROTOCOL["seeds"],
 )
 def run_e1(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t0 = time.perf_counter()
+    s = e1_settings(quick, seeds)
     histories, figures, claims = {}, {}, []
-    cases = {128: dict(E1_CASES[128], steps=20)} if quick else E1_CASES
-    for d, case in cases.items():
-        Xi, Yi, Xo, Yo = synthetic_hyperrep_data("linear", m=case["m"], d=d, n=case["n"], seed=0)
-        # starts from seed 1: the data used seed 0, and the same seed would start at H* itself
-        base_problem = hyper_representation(Xi, Yi, Xo, Yo, kind="linear", d=d, gamma=0.1, seed=1)
-        problem = with_unrolled_loss(base_problem, 20, 0.001)
-        hists = run_methods(problem, e1_methods(d, case["steps"]), seeds=seeds, log=log)
+    data_seed, start_seed = s["data seed, start seed"]
+    N, alpha = s["N (inner GD steps)"], s["alpha (inner GD step)"]
+    for d, case in e1_cases(s).items():
+        Xi, Yi, Xo, Yo = synthetic_hyperrep_data(
+            "linear", m=case["m"], d=d, n=case["n"], seed=data_seed
+        )
+        # the start has its own seed: the data's seed would start at H* itself
+        base_problem = hyper_representation(
+            Xi, Yi, Xo, Yo, kind="linear", d=d, gamma=s["gamma (ridge)"], seed=start_seed
+        )
+        problem = with_unrolled_loss(base_problem, N, alpha)
+        hists = run_methods(problem, e1_methods(d, case["steps"], s), seeds=seeds, log=log)
         for label, h in hists.items():
             histories[f"d={d} {label}"] = h
         figures[f"outer_loss_d{d}"] = hists
         finals = {label: final_mean(h, "outer_loss_N") for label, h in hists.items()}
         claims += judge_e1(d, finals, quick)
         if d == 128:
-            sweep_hists, claim = _e1_n_sweep(base_problem, case["steps"], quick, seeds, log)
+            sweep_hists, claim = _e1_n_sweep(base_problem, case["steps"], s, quick, seeds, log)
             figures["n_sweep_d128"] = sweep_hists
             for label, h in sweep_hists.items():
                 histories[f"d=128 sweep {label}"] = h
@@ -142,14 +203,7 @@ def run_e1(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
         seconds=time.perf_counter() - t0,
         metric="outer_loss_N",
         figures=figures,
-        setting={
-            "N": 20,
-            "inner step": 0.001,
-            "mu": 0.01,
-            "outer": "Adam 0.05 (HOZOG 0.1)",
-            "gamma": 0.1,
-            "seeds": seeds,
-        },
+        protocols=[as_run(E1_PAPER_PROTOCOL, s, quick)],
     )
 
 
@@ -162,23 +216,16 @@ E1_NOTES = [
 ]
 
 
-def _e1_n_sweep(base_problem, steps: int, quick: bool, seeds: int, log):
-    """Fig. 2 (c): PZOBO with N in {10, 20, 40} at d = 128, each N judged by its own unrolled
-    loss f(x, w^N(x)) as the notebook plots it; ``(histories, claim)``."""
-    sweep_ns = (10,) if quick else (10, 20, 40)  # quick: one N exercises the path
+def _e1_n_sweep(base_problem, steps: int, s: dict, quick: bool, seeds: int, log):
+    """Fig. 2 (c): PZOBO with the protocol's N in {10, 20, 40} at d = 128, each N judged by its
+    own unrolled loss f(x, w^N(x)) as the notebook plots it; ``(histories, claim)``."""
+    sweep_ns = s["N-sweep (Fig. 2 (c), d = 128)"]
+    alpha, every = s["alpha (inner GD step)"], s["eval every"]
     sweep_hists = {}
     for n in sweep_ns:
-        hyper = dict(
-            lr_inner=0.001,
-            inner_steps=n,
-            outer_optimizer="adam",
-            warm_start=False,
-            lr_outer=0.05,
-            smoothing=0.01,
-            directions=CODE_DIRECTIONS,
-        )
-        method = Method(f"PZOBO N={n}", "pzobo", hyper, steps, 5)
-        own = with_unrolled_loss(base_problem, n, 0.001)
+        hyper = e1_hyper(s, n, s["outer lr"], zeroth_order=True)
+        method = Method(f"PZOBO N={n}", "pzobo", hyper, steps, every)
+        own = with_unrolled_loss(base_problem, n, alpha)
         sweep_hists.update(run_methods(own, [method], seeds=seeds, log=log))
     got = {n: final_mean(sweep_hists[f"PZOBO N={n}"], "outer_loss_N") for n in sweep_ns}
     spread = max(got.values()) / min(got.values())
@@ -222,50 +269,80 @@ def judge_e1(d: int, finals: dict[str, float], quick: bool) -> list[Claim]:
 
 
 # ---- E2 ----------------------------------------------------------------------------------------
-E2_NOTEBOOK = {"PZOBO": 2.5e-4, "AID-FP": 1.5e-4, "AID-CG": 0.029, "HOZOG": 26.6}
-#: the authors' E2 notebook (github.com/sowmaster/esjacobians, DeepHyperRepresentation.ipynb,
-#: commit 996508b): printed loss of PZOBO ("ESJ") and AID-FP at outer iterations 10, 50, 99;
-#: AID-FP is below PZOBO at every printed iteration from 10 on, and the figure's loss panel
-#: plots AID-FP only up to iteration 35 (``run_fp[:35]``; PZOBO up to 72)
-E2_NOTEBOOK_PRINTED = {10: (4.19, 3.51), 50: (0.0220, 0.0158), 99: (2.47e-4, 1.54e-4)}
-#: notebook N-sweep (inner step 0.0003), final loss
-E2_SWEEP_NOTEBOOK = {5: 8.9e-4, 10: 2.0e-4, 20: 1.8e-4, 50: 3.7e-3}
+#: what a quick run changes: a much smaller network, 20 steps, one N of the sweep
+E2_QUICK = {
+    "m (input dimension)": 32,
+    "hidden": 64,
+    "d": 32,
+    "n (inner and outer samples)": 500,
+    "outer steps": 20,
+    "N-sweep (Fig. 2 (f))": (5,),
+}
 
 
-def e2_problem(quick: bool):
+def e2_settings(quick: bool, seeds: int | None = None) -> dict:
+    """The values an E2 run uses: the protocol's, a quick run's sizes, the command line's
+    seeds."""
+    s = E2_PAPER_PROTOCOL.values()
+    if quick:
+        s.update(E2_QUICK)
+    if seeds is not None:
+        s["seeds"] = seeds
+    return s
+
+
+def e2_problem(quick: bool, s: dict | None = None):
     """E2's problem (the notebook's synthetic two-layer data), its size, and the problem with
     the notebook's metric (the loss after N = 10 GD steps of 0.001 from p0, and its gradient).
+
+    ``s``: the run's settings (default :func:`e2_settings` of ``quick``).
     """
-    size = (
-        dict(m=32, hidden=64, d=32, n=500, steps=20)
-        if quick
-        else dict(m=256, hidden=512, d=256, n=5000, steps=100)
+    s = e2_settings(quick) if s is None else s
+    size = dict(
+        m=s["m (input dimension)"],
+        hidden=s["hidden"],
+        d=s["d"],
+        n=s["n (inner and outer samples)"],
+        steps=s["outer steps"],
     )
+    data_seed, start_seed = s["data seed, start seed"]
     Xi, Yi, Xo, Yo = synthetic_hyperrep_data(
-        "2layer", m=size["m"], d=size["d"], n=size["n"], hidden=size["hidden"], seed=0
+        "2layer", m=size["m"], d=size["d"], n=size["n"], hidden=size["hidden"], seed=data_seed
     )
-    # starts from seed 1: the data used seed 0, and the same seed would start at the data's
-    # own (H1*, H2*, w*), where the loss is the noise level
+    # the start has its own seed: the data's seed would start at the data's own
+    # (H1*, H2*, w*), where the loss is the noise level
     base = hyper_representation(
-        Xi, Yi, Xo, Yo, kind="2layer", d=size["d"], hidden=size["hidden"], gamma=0.001, seed=1
+        Xi,
+        Yi,
+        Xo,
+        Yo,
+        kind="2layer",
+        d=size["d"],
+        hidden=size["hidden"],
+        gamma=s["gamma (ridge)"],
+        seed=start_seed,
     )
-    return with_unrolled_loss(base, 10, 0.001, grad_norm=True), base, size
+    unrolled = with_unrolled_loss(
+        base, s["N (inner GD steps)"], s["alpha (inner GD step)"], grad_norm=True
+    )
+    return unrolled, base, size
 
 
 @register(
     "pzobo-hyperrep-2layer",
     "PZOBO (Sow, Ji, Liang, NeurIPS 2022), E2 / Fig. 2d-f",
     "two-layer sigmoid hyper-representation: PZOBO vs AID-FP/CG, ITD-R, HOZOG",
-    default_seeds=1,
+    default_seeds=E2_PAPER_PROTOCOL["seeds"],
 )
 def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     t0 = time.perf_counter()
-    problem, base_problem, size = e2_problem(quick)
+    s = e2_settings(quick, seeds)
+    problem, base_problem, size = e2_problem(quick, s)
     steps = size["steps"]
-    hists = run_methods(problem, e2_methods(steps), seeds=seeds, log=log)
+    hists = run_methods(problem, e2_methods(steps, s), seeds=seeds, log=log)
     claims = judge_e2(hists, quick)
-    sweep_ns = (5,) if quick else tuple(E2_SWEEP_NOTEBOOK)
-    sweep_hists, sweep_claim = _e2_n_sweep(base_problem, sweep_ns, steps, quick, seeds, log)
+    sweep_ns = s["N-sweep (Fig. 2 (f))"]
+    sweep_hists, sweep_claim = _e2_n_sweep(base_problem, sweep_ns, steps, s, quick, seeds, log)
     claims.append(sweep_claim)
     figures = {
         "pzobo-hyperrep-2layer": dict(hists),
@@ -295,38 +372,60 @@ def run_e2(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
             "hypergrad_norm": "hypergrad_estimate_norm",
             "hypergrad_norm_exact": "grad_norm_N",
         },
-        setting=dict(
-            size,
-            N=10,
-            mu=0.1,
-            outer="Adam 0.01 (HOZOG 0.2)",
-            sweep=f"PZOBO N in {sweep_ns}, inner step 0.0003",
-        ),
+        protocols=[as_run(E2_PAPER_PROTOCOL, s, quick)],
     )
 
 
-#: E2's settings every method shares (Appendix B.2: N = 10, inner step 0.001; the notebook's
-#: fixed start p0, no warm start)
-E2_COMMON = dict(lr_inner=0.001, inner_steps=10, outer_optimizer="adam", warm_start=False)
+def e2_common(s: dict, *, n: int | None = None, lr_inner: float | None = None) -> dict:
+    """The settings every E2 method shares (App. B.2: N = 10, inner step 0.001; the notebook's
+    fixed start p0, no warm start), with ``n`` inner steps and step ``lr_inner`` if given."""
+    return dict(
+        lr_inner=s["alpha (inner GD step)"] if lr_inner is None else lr_inner,
+        inner_steps=s["N (inner GD steps)"] if n is None else n,
+        outer_optimizer=s["outer optimizer"],
+        warm_start=s["warm start"],
+    )
 
 
-def e2_methods(steps: int) -> list[Method]:
-    """E2's five methods (Appendix B.2: mu = 0.1, outer Adam 0.01; HOZOG's outer step and
-    AID-CG's longer loops are the notebook's)."""
-    common = E2_COMMON
-    zo = dict(smoothing=0.1, directions=CODE_DIRECTIONS)
+def e2_zeroth_order(s: dict) -> dict:
+    """PZOBO's and HOZOG's estimator settings (App. B.2's mu, App. B's Q, the code's u)."""
+    return dict(
+        smoothing=s["mu (PZOBO, HOZOG)"],
+        num_directions=s["Q (directions per step)"],
+        directions=s["directions"],
+    )
+
+
+#: E2's settings every method shares, as the paper protocol gives them
+E2_COMMON = e2_common(E2_PAPER_PROTOCOL.values())
+
+
+def e2_methods(steps: int, s: dict | None = None) -> list[Method]:
+    """E2's five methods (App. B.2: mu = 0.1, outer Adam 0.01; HOZOG's outer step and
+    AID-CG's longer loops are the notebook's); ``s``: a run's settings (default the
+    protocol's)."""
+    s = E2_PAPER_PROTOCOL.values() if s is None else s
+    common, zo = e2_common(s), e2_zeroth_order(s)
+    lr, every = s["outer lr"], s["eval every"]
+    cg = s["AID-CG N = K"]
     return [
-        Method("PZOBO", "pzobo", dict(common, lr_outer=0.01, **zo), steps, 5),
-        Method("AID-FP", "aid-fp", dict(common, lr_outer=0.01, linsolve_steps=10), steps, 5),
+        Method("PZOBO", "pzobo", dict(common, lr_outer=lr, **zo), steps, every),
+        Method(
+            "AID-FP",
+            "aid-fp",
+            dict(common, lr_outer=lr, linsolve_steps=s["AID-FP linear-system steps K"]),
+            steps,
+            every,
+        ),
         Method(
             "AID-CG",
             "aid-cg",
-            dict(common, lr_outer=0.01, inner_steps=30, linsolve_steps=30),
+            dict(common, lr_outer=lr, inner_steps=cg, linsolve_steps=cg),
             steps,
-            5,
+            every,
         ),
-        Method("ITD-R", "itd", dict(common, lr_outer=0.01), steps, 5),
-        Method("HOZOG", "hozog", dict(common, lr_outer=0.2, **zo), steps, 5),
+        Method("ITD-R", "itd", dict(common, lr_outer=lr), steps, every),
+        Method("HOZOG", "hozog", dict(common, lr_outer=s["HOZOG outer lr"], **zo), steps, every),
     ]
 
 
@@ -384,26 +483,17 @@ def judge_e2(hists: dict, quick: bool) -> list[Claim]:
     return claims
 
 
-def _e2_n_sweep(base_problem, sweep_ns, steps: int, quick: bool, seeds: int, log):
+def _e2_n_sweep(base_problem, sweep_ns, steps: int, s: dict, quick: bool, seeds: int, log):
     """Fig. 2 (f): PZOBO-N with the notebook's inner step 0.0003, each N judged by its own
     unrolled loss f(x, w^N(x)) as the notebook plots it; ``(histories, claim)``."""
+    alpha = s["N-sweep alpha"]
     sweep_hists = {}
     for n in sweep_ns:
-        method = Method(
-            f"PZOBO N={n}",
-            "pzobo",
-            dict(
-                E2_COMMON,
-                lr_inner=0.0003,
-                inner_steps=n,
-                lr_outer=0.01,
-                smoothing=0.1,
-                directions=CODE_DIRECTIONS,
-            ),
-            steps,
-            5,
+        hyper = dict(
+            e2_common(s, n=n, lr_inner=alpha), lr_outer=s["outer lr"], **e2_zeroth_order(s)
         )
-        own = with_unrolled_loss(base_problem, n, 0.0003)
+        method = Method(f"PZOBO N={n}", "pzobo", hyper, steps, s["eval every"])
+        own = with_unrolled_loss(base_problem, n, alpha)
         sweep_hists.update(run_methods(own, [method], seeds=seeds, log=log))
     sweep_final = {n: final_mean(sweep_hists[f"PZOBO N={n}"], "outer_loss_N") for n in sweep_ns}
     first = sweep_hists[f"PZOBO N={sweep_ns[0]}"]

@@ -27,6 +27,8 @@ import pandas as pd
 
 from bilevel.experiments import register
 from bilevel.experiments.common import Claim, write_outputs
+from bilevel.experiments.protocols import OURS, Protocol, Sourced
+from bilevel.experiments.protocols import PAPER as PAPER_NAME
 from bilevel.meta import registry
 from bilevel.meta.backbones import CNN4, ResNet12
 from bilevel.meta.datasets import few_shot_data
@@ -34,8 +36,10 @@ from bilevel.meta.episodes import EpisodeSampler
 from bilevel.meta.train import meta_train
 
 __all__ = [
+    "PAPER_PROTOCOL",
     "MetaMethod",
     "METHODS",
+    "methods_of",
     "MetaSetting",
     "setting_for",
     "make_backbone",
@@ -67,16 +71,117 @@ class MetaMethod:
     meta_batch: int
 
 
-#: the methods and their settings: PZOBO as the paper's App. B.4 and code (meta-batch 16, N = 30
-#: steps of SGD momentum 0.9 at 0.01, mu = 0.1, Adam 0.01); the baselines as learn2learn's
-#: miniImageNet recipes that the paper ran (bilevel.meta.maml / protonet docstrings)
-METHODS = (
-    MetaMethod("PZOBO", "pzobo", {}, 16),
-    MetaMethod("ProtoNet", "protonet", {}, 8),
-    MetaMethod("ANIL", "anil", {}, 16),
-    MetaMethod("MAML", "maml", {}, 16),
-    MetaMethod("FOMAML", "fomaml", {}, 16),
+B4 = "PZOBO paper, App. B.4"
+CODE = "authors' code, meta_learning.py"
+#: the baselines' settings: learn2learn's miniImageNet recipes, which the paper ran (Sec. 4.3)
+L2L = "learn2learn examples/vision/lightning/Makefile, target {} (the paper ran it, Sec. 4.3)"
+
+#: the headline run (issue #35): App. B.4's settings, the authors' code's where it gives none,
+#: learn2learn's recipes for the baselines, and ours for this machine's budget and stand-in.
+#: The run reads every value from here (:func:`methods_of`, :func:`setting_for`).
+PAPER_PROTOCOL = Protocol(
+    PAPER_NAME,
+    "PZOBO E4 on this machine (full mode): the paper's and the code's PZOBO, learn2learn's "
+    "baselines, every method for the same wall-clock budget on a CNN4.",
+    {
+        "data": Sourced(
+            "miniImageNet, 64 / 16 / 20 classes",
+            "PZOBO paper, App. B.4 (learn2learn's split); the stand-ins where it is absent: "
+            + OURS,
+        ),
+        "shots, queries per class": Sourced(
+            (SHOTS, QUERIES), f"{B4} (5-way 5-shot); the queries: {CODE} (10 images per class)"
+        ),
+        "backbone": Sourced(
+            "cnn4",
+            "PZOBO paper, Sec. 4.3, Fig. 4 (right); Table 1's ResNet-12 is not run here: " + OURS,
+        ),
+        "CNN4 filters": Sourced(32, CODE + " (MiniimageNetFeats(32))"),
+        "PZOBO meta-batch": Sourced(16, B4),
+        "PZOBO N (inner steps, also at meta-test)": Sourced(30, B4),
+        "PZOBO inner lr alpha": Sourced(0.01, B4),
+        "PZOBO inner optimizer": Sourced("momentum", f"{CODE} (SGD momentum 0.9; {B4}: SGD)"),
+        "PZOBO mu": Sourced(0.1, B4),
+        "PZOBO Q": Sourced(1, "PZOBO paper, App. B ('fixed to 1')"),
+        "PZOBO directions": Sourced(
+            "sphere_unscaled_per_tensor", CODE + " (one per-tensor unit u for the meta-batch)"
+        ),
+        "PZOBO ridge reg": Sourced(0.5, CODE + " (R(w) = 0.5 reg sum(w^2))"),
+        "PZOBO warm start": Sourced(True, CODE + " (w0 <- mean of the adapted heads)"),
+        "PZOBO outer optimizer": Sourced("adam", B4),
+        "PZOBO outer lr": Sourced(
+            0.01,
+            f"{B4} (constant); {CODE} lowers it at steps 1500 and 3500, beyond this budget's "
+            "~250 steps",
+        ),
+        "MAML (and FOMAML) inner lr, steps, outer lr": Sourced(
+            (0.02, 5, 3e-4), L2L.format("maml-mi") + "; FOMAML, its first-order form: " + OURS
+        ),
+        "MAML (and FOMAML) meta-batch": Sourced(16, L2L.format("maml-mi")),
+        "ANIL inner lr, steps, outer lr": Sourced((0.1, 5, 1e-3), L2L.format("anil-mi")),
+        "ANIL meta-batch": Sourced(16, L2L.format("anil-mi")),
+        "ProtoNet outer lr": Sourced(5e-3, L2L.format("proto-mi")),
+        "ProtoNet meta-batch": Sourced(8, L2L.format("proto-mi")),
+        "MetaOptNet": Sourced("not run", OURS + " (not implemented)"),
+        "training seconds per method": Sourced(
+            150.0, OURS + " (the paper trains up to 20 h on a P100)"
+        ),
+        "evaluation every (training seconds)": Sourced(30.0, OURS),
+        "meta-test tasks (each evaluation, final)": Sourced(
+            (200, 600), f"{OURS} (the code's 200 tasks); the final 600: {B4}"
+        ),
+        "meta-test meta-batch": Sourced("16 tasks (the meta-batch when smaller)", OURS),
+        "meta-batch cap": Sourced(None, OURS + " (none)"),
+        "accuracy thresholds": Sourced(
+            (0.88, 0.90),
+            OURS + " (for the stand-in, from a pilot run; Table 1's 67% / 69% are miniImageNet's)",
+        ),
+        "initialisation keys (backbone, meta-test tasks)": Sourced(
+            (0, 1), OURS + " (every method from the same start, on the same tasks)"
+        ),
+        "seeds": Sourced(1, CODE + " (one run, '--seed 0')"),
+    },
 )
+
+
+def methods_of(s: dict) -> tuple[MetaMethod, ...]:
+    """The methods of a run with settings ``s`` (default the paper protocol's): PZOBO as the
+    paper's App. B.4 and the authors' code; the baselines as learn2learn's miniImageNet recipes
+    that the paper ran (bilevel.meta.maml / protonet docstrings)."""
+    pzobo = {
+        "inner_steps": s["PZOBO N (inner steps, also at meta-test)"],
+        "lr_inner": s["PZOBO inner lr alpha"],
+        "inner_optimizer": s["PZOBO inner optimizer"],
+        "reg": s["PZOBO ridge reg"],
+        "smoothing": s["PZOBO mu"],
+        "num_directions": s["PZOBO Q"],
+        "directions": s["PZOBO directions"],
+        "warm_start": s["PZOBO warm start"],
+        "lr_outer": s["PZOBO outer lr"],
+        "outer_optimizer": s["PZOBO outer optimizer"],
+    }
+    lr, steps, outer = s["MAML (and FOMAML) inner lr, steps, outer lr"]
+    maml = {"inner_lr": lr, "inner_steps": steps, "test_inner_steps": steps, "outer_lr": outer}
+    lr, steps, outer = s["ANIL inner lr, steps, outer lr"]
+    anil = {"inner_lr": lr, "inner_steps": steps, "test_inner_steps": steps, "outer_lr": outer}
+    return (
+        MetaMethod("PZOBO", "pzobo", pzobo, s["PZOBO meta-batch"]),
+        MetaMethod(
+            "ProtoNet",
+            "protonet",
+            {"outer_lr": s["ProtoNet outer lr"]},
+            s["ProtoNet meta-batch"],
+        ),
+        MetaMethod("ANIL", "anil", anil, s["ANIL meta-batch"]),
+        MetaMethod("MAML", "maml", maml, s["MAML (and FOMAML) meta-batch"]),
+        MetaMethod("FOMAML", "fomaml", maml, s["MAML (and FOMAML) meta-batch"]),
+    )
+
+
+#: the protocol's key of the initialisation keys (backbone, meta-test tasks)
+KEYS = "initialisation keys (backbone, meta-test tasks)"
+#: the methods and their settings (:func:`methods_of` the paper protocol)
+METHODS = methods_of(PAPER_PROTOCOL.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,19 +198,64 @@ class MetaSetting:
     backbone: str = "cnn4"  # "cnn4" (this machine's runs) or "resnet12" (the paper's Table 1)
 
 
+#: the protocol's keys of the :class:`MetaSetting` fields
+SETTING_KEYS = {
+    "train_seconds": "training seconds per method",
+    "eval_every_seconds": "evaluation every (training seconds)",
+    "hidden": "CNN4 filters",
+    "meta_batch_cap": "meta-batch cap",
+    "thresholds": "accuracy thresholds",
+    "backbone": "backbone",
+}
+#: a quick run's sizes (labelled in every output)
+QUICK = MetaSetting(1.0, 1.0, 16, 16, 16, 4, (0.85, 0.90))
+
+
 def setting_for(quick: bool) -> MetaSetting:
-    """Full: 150 s of training per method, 200 meta-test tasks every 30 s of training and 600
-    at the end (MAML's meta-test adaptation costs 142 s per 600 tasks on this CPU, so 600 at
-    every point would take most of the run). Quick (labelled in every output): 1 s per method,
-    16 tasks (the final evaluation is the last one), CNN4 with 16 filters, meta-batches of 4.
+    """Full: the protocol's 150 s of training per method, 200 meta-test tasks every 30 s of
+    training and 600 at the end (MAML's meta-test adaptation costs 142 s per 600 tasks on this
+    CPU, so 600 at every point would take most of the run). Quick (labelled in every output):
+    1 s per method, 16 tasks (the final evaluation is the last one), CNN4 with 16 filters,
+    meta-batches of 4.
 
     The thresholds are for the stand-in (the paper's 67% / 69% are miniImageNet 5-way numbers):
     chosen from a pilot run on Fashion-MNIST 4-way 5-shot so that the slower methods reach the
     lower one within the budget and only the better ones the higher.
     """
     if quick:
-        return MetaSetting(1.0, 1.0, 16, 16, 16, 4, (0.85, 0.90))
-    return MetaSetting(150.0, 30.0, 200, 600, 32, None, (0.88, 0.90))
+        return QUICK
+    p = PAPER_PROTOCOL
+    tasks, final_tasks = p["meta-test tasks (each evaluation, final)"]
+    return MetaSetting(
+        eval_tasks=tasks,
+        final_eval_tasks=final_tasks,
+        **{field: p[key] for field, key in SETTING_KEYS.items()},
+    )
+
+
+def protocol_values(setting: MetaSetting) -> dict:
+    """The paper protocol's values with a :class:`MetaSetting`'s sizes in place."""
+    s = PAPER_PROTOCOL.values()
+    s.update({key: getattr(setting, field) for field, key in SETTING_KEYS.items()})
+    s["meta-test tasks (each evaluation, final)"] = (setting.eval_tasks, setting.final_eval_tasks)
+    return s
+
+
+def run_protocol(setting: MetaSetting, quick: bool) -> Protocol:
+    """The paper protocol as ``setting`` runs it: the values it changes (a quick run's sizes,
+    a custom run's budget or backbone) in place, each saying so."""
+    why = "QUICK run" if quick else "this run's MetaSetting"
+    s = protocol_values(setting)
+    changed = {
+        key: Sourced(s[key], f"{why} (protocol: {item.value})")
+        for key, item in PAPER_PROTOCOL.settings.items()
+        if s[key] != item.value
+    }
+    if not changed:
+        return PAPER_PROTOCOL
+    return Protocol(
+        PAPER_PROTOCOL.name, PAPER_PROTOCOL.description, {**PAPER_PROTOCOL.settings, **changed}
+    )
 
 
 def time_to_accuracy(history: pd.DataFrame, level: float) -> float:
@@ -121,7 +271,7 @@ def _fmt_time(seconds: float) -> str:
 def make_backbone(setting: MetaSetting, image_shape):
     """The setting's backbone for ``(C, H, W)`` images, from one fixed key (every method starts
     from the same initialisation)."""
-    key = jax.random.key(0)
+    key = jax.random.key(PAPER_PROTOCOL[KEYS][0])
     channels, size = image_shape[0], image_shape[1]
     if setting.backbone == "cnn4":
         return CNN4(channels, size, hidden=setting.hidden, key=key)
@@ -153,7 +303,7 @@ def run_method(method: MetaMethod, data, setting: MetaSetting, log) -> object:
         final_eval_tasks=(
             None if setting.final_eval_tasks == setting.eval_tasks else setting.final_eval_tasks
         ),
-        key=jax.random.key(1),  # the same meta-test tasks for every method
+        key=jax.random.key(PAPER_PROTOCOL[KEYS][1]),  # the same meta-test tasks for every method
         time_limit=setting.train_seconds,
         log=lambda line: log(f"  {line}"),
     )
@@ -164,7 +314,7 @@ def run_method(method: MetaMethod, data, setting: MetaSetting, log) -> object:
     "pzobo-meta",
     "Sow, Ji, Liang, NeurIPS 2022 (PZOBO), Sec. 4.3, Fig. 4, Table 1",
     "few-shot meta-learning (CNN4): PZOBO vs MAML, FOMAML, ANIL, ProtoNet, time to accuracy",
-    default_seeds=1,
+    default_seeds=PAPER_PROTOCOL["seeds"],
 )
 def run_meta(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     """Every method for the same training time; accuracy vs time; Table 1's layout."""
@@ -200,6 +350,7 @@ def run_custom(out_dir, setting: MetaSetting, *, quick: bool = False, log=print)
         logy=False,
         xs=("seconds", "step"),
         setting=_setting_table(setting, data),
+        protocols=[run_protocol(setting, quick)],
     )
     _append_table(Path(out_dir) / "claims.md", table, quick)
     return output
