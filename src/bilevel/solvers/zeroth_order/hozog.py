@@ -58,11 +58,10 @@ class HOZOG(PathDifferenceSolver):
         outer(0)          all Q + 1 values of f, so each difference sees one sample
         third key         the directions u_1..u_Q
 
-    Args:
-        Same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults: lr_outer "auto",
-        tuned by ``bl.solve``; lr_inner "auto" = 1/L_g; full batches, N = 20, Q = 1, mu = 0.01
-        as in the PZOBO paper's Appendix B.2 for HOZOG, Gaussian directions, plain GD inside
-        and outside, warm start on, as PZOBO's).
+    Hyperparameters: the same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults:
+    lr_outer "auto", tuned by ``bl.solve``; lr_inner "auto" = 1/L_g; full batches, N = 20,
+    Q = 1, mu = 0.01 as in the PZOBO paper's Appendix B.2 for HOZOG, Gaussian directions, plain
+    GD inside and outside, warm start on, as PZOBO's).
 
     References:
         Gu, Liu, Zhang, Geng, Huang. "Optimizing Large-Scale Hyperparameters via Automated
