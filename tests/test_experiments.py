@@ -6,6 +6,7 @@ docs/reproduction.md); they also check that quick outputs are labelled as such.
 
 import json
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,6 +17,21 @@ from bilevel import experiments
 from bilevel.cli import app
 
 NAMES = experiments.names()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fewer_xla_optimisations():
+    """Compile this module's programs with most XLA optimisations off: a quick mode's time is
+    compiling (one step and one evaluation program per method, CNNs among them), not running
+    its few steps, and what these tests check (the files, the labels, finite numbers) does not
+    depend on how well the code is optimised. Measured 2026-11-27: pzobo-hyperrep-2layer's quick
+    mode 31 -> 20 CPU-s. The flag is part of JAX's compilation key, and conftest.py drops every
+    compiled program after each module, so no other module runs one of these programs."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
 
 #: what each quick mode's claims.md must say on a machine without MNIST, Fashion-MNIST and 20
 #: Newsgroups: the stand-in it used and the sizes it cut to fit it (E1 and E2 use synthetic data;
