@@ -112,12 +112,7 @@ QUICK = {
 
 def settings(quick: bool, seeds: int | None = None) -> dict:
     """The values a run uses: the protocol's, a quick run's, the command line's seeds."""
-    s = PAPER_PROTOCOL.values()
-    if quick:
-        s.update(QUICK)
-    if seeds is not None:
-        s["seeds"] = seeds
-    return s
+    return PAPER_PROTOCOL.run_values(quick, QUICK, seeds)
 
 
 def figures_of(s: dict) -> dict:

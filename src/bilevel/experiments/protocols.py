@@ -62,6 +62,18 @@ class Protocol:
         """The plain values, by name."""
         return {key: s.value for key, s in self.settings.items()}
 
+    def run_values(
+        self, quick: bool, quick_values: Mapping[str, Any], seeds: int | None = None
+    ) -> dict[str, Any]:
+        """The values a run uses: this protocol's, with ``quick_values`` in place in a quick
+        run and the command line's ``seeds`` (as ``"seeds"``) when given."""
+        values = self.values()
+        if quick:
+            values.update(quick_values)
+        if seeds is not None:
+            values["seeds"] = seeds
+        return values
+
     def markdown(self) -> list[str]:
         """A ``claims.md`` section: the description, then a table of value and source."""
         lines = [f"### Protocol `{self.name}`", "", self.description, ""]

@@ -104,12 +104,7 @@ E1_QUICK = {
 def e1_settings(quick: bool, seeds: int | None = None) -> dict:
     """The values an E1 run uses: the protocol's, a quick run's sizes, the command line's
     seeds."""
-    s = E1_PAPER_PROTOCOL.values()
-    if quick:
-        s.update(E1_QUICK)
-    if seeds is not None:
-        s["seeds"] = seeds
-    return s
+    return E1_PAPER_PROTOCOL.run_values(quick, E1_QUICK, seeds)
 
 
 def e1_cases(s: dict) -> dict[int, dict]:
@@ -283,12 +278,7 @@ E2_QUICK = {
 def e2_settings(quick: bool, seeds: int | None = None) -> dict:
     """The values an E2 run uses: the protocol's, a quick run's sizes, the command line's
     seeds."""
-    s = E2_PAPER_PROTOCOL.values()
-    if quick:
-        s.update(E2_QUICK)
-    if seeds is not None:
-        s["seeds"] = seeds
-    return s
+    return E2_PAPER_PROTOCOL.run_values(quick, E2_QUICK, seeds)
 
 
 def e2_problem(quick: bool, s: dict | None = None):

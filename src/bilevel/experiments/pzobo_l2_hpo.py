@@ -117,12 +117,7 @@ METHODS = (
 def e5_settings(quick: bool, seeds: int | None = None) -> dict:
     """The values an E5 run uses: the protocol's, a quick run's sizes, the command line's
     seeds."""
-    s = PAPER_PROTOCOL.values()
-    if quick:
-        s.update(QUICK)
-    if seeds is not None:
-        s["seeds"] = seeds
-    return s
+    return PAPER_PROTOCOL.run_values(quick, QUICK, seeds)
 
 
 def e5_base(s: dict, solver: str) -> dict:
