@@ -237,3 +237,26 @@ def test_drift_is_judged_on_the_exact_gradient_where_the_run_did_not_record_it()
     assert tuning_module.drifted(problem, res, fake, seed_axis=True)
     fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, score * 1.01))
     assert not tuning_module.drifted(problem, res, fake, seed_axis=True)
+
+
+def test_summary_of_a_choice_without_a_score_says_why():
+    """The step below an edge-of-stability candidate can itself have been dropped for making no
+    progress: its score is inf, and the summary says so instead of printing '-> inf'."""
+    t = bl.Tuning(
+        field="lr_outer",
+        value=0.1,
+        grid=(0.1, 1.0, 10.0),
+        scores=(math.inf, 0.5, math.inf),
+        dropped=("no progress", "", "diverged"),
+        score="grad_norm",
+        start_score=2.0,
+        steps=150,
+        samples=0,
+        oracle_calls=0,
+        counts={},
+        seconds=1.0,
+        largest_stable=1.0,
+    )
+    line = t.summary()
+    assert "-> no score (no progress)" in line and "inf" not in line
+    assert "1 of 3 candidates" in line

@@ -54,6 +54,7 @@ The choice is deterministic for a given seed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -171,11 +172,15 @@ class Tuning:
     def summary(self) -> str:
         """One line for the progress display and messages."""
         kept = sum(not d for d in self.dropped)
-        best = self.scores[self.grid.index(self.chosen)]
+        index = self.grid.index(self.chosen)
+        best = self.scores[index]
+        # the step below an edge-of-stability candidate may itself be dropped ("no progress"):
+        # it has no score to show, only why
+        reached = f"{best:.3g}" if math.isfinite(best) else f"no score ({self.dropped[index]})"
         return (
             f"tuned {self.field} = {self.chosen:.3g} ({kept} of {len(self.grid)} candidates "
             f"{self.grid[0]:.0e}..{self.grid[-1]:.0e} stable; {self.score} {self.start_score:.3g}"
-            f" -> {best:.3g} in {self.steps} steps; {self.samples:,} samples, "
+            f" -> {reached} in {self.steps} steps; {self.samples:,} samples, "
             f"{self.seconds:.1f} s)"
             + "".join(
                 f"; {v:.3g} {why} in the run"
