@@ -62,6 +62,18 @@ class Protocol:
         """The plain values, by name."""
         return {key: s.value for key, s in self.settings.items()}
 
+    def as_run(self, values: Mapping[str, Any], why: str) -> Protocol:
+        """This protocol with the ``values`` a run changed in place, each sourced as ``why``
+        and giving the protocol's value; itself when the run changed nothing."""
+        changed = {
+            key: Sourced(values[key], f"{why} (protocol: {setting.value})")
+            for key, setting in self.settings.items()
+            if values[key] != setting.value
+        }
+        if not changed:
+            return self
+        return Protocol(self.name, self.description, {**self.settings, **changed})
+
     def run_values(
         self, quick: bool, quick_values: Mapping[str, Any], seeds: int | None = None
     ) -> dict[str, Any]:

@@ -245,17 +245,7 @@ def run_protocol(setting: MetaSetting, quick: bool) -> Protocol:
     """The paper protocol as ``setting`` runs it: the values it changes (a quick run's sizes,
     a custom run's budget or backbone) in place, each saying so."""
     why = "QUICK run" if quick else "this run's MetaSetting"
-    s = protocol_values(setting)
-    changed = {
-        key: Sourced(s[key], f"{why} (protocol: {item.value})")
-        for key, item in PAPER_PROTOCOL.settings.items()
-        if s[key] != item.value
-    }
-    if not changed:
-        return PAPER_PROTOCOL
-    return Protocol(
-        PAPER_PROTOCOL.name, PAPER_PROTOCOL.description, {**PAPER_PROTOCOL.settings, **changed}
-    )
+    return PAPER_PROTOCOL.as_run(protocol_values(setting), why)
 
 
 def time_to_accuracy(history: pd.DataFrame, level: float) -> float:

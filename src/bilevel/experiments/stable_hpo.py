@@ -345,15 +345,7 @@ class _Collected:
 def as_run(protocol: Protocol, s: dict, quick: bool) -> Protocol:
     """``protocol`` with the values this run changed (a quick run's sizes, the command line's
     seeds) in place, each saying so and giving the protocol's value."""
-    why = "QUICK run" if quick else "command line"
-    changed = {
-        key: Sourced(s[key], f"{why} (protocol: {setting.value})")
-        for key, setting in protocol.settings.items()
-        if s[key] != setting.value
-    }
-    if not changed:
-        return protocol
-    return Protocol(protocol.name, protocol.description, {**protocol.settings, **changed})
+    return protocol.as_run(s, "QUICK run" if quick else "command line")
 
 
 def _write(out_dir, quick, runs, got: _Collected, total: int, seconds: float):
