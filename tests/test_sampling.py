@@ -135,3 +135,20 @@ def test_problem_sampling_option_reaches_the_solution():
     # seeds 0.25 (iid) and 0.38 (window), from 2.14; a biased or stuck sampler stays near 2.
     assert max(ends.values()) < 0.2 * start, (start, ends)
     assert ends["iid"] != ends["window"]  # the option is used
+
+
+def test_a_static_draw_past_the_step_draws_is_refused():
+    """JAX clamps an out-of-range index to the last draw: a solver reading draw 2 of two draws
+    would silently reuse draw 1 (a mutant of F3SA's step did exactly that and passed every
+    test). A static index outside the draws is an error naming the level and the count."""
+    data = {"a": jnp.arange(10.0)}
+    mb = sampling.minibatches(jax.random.PRNGKey(0), data, data, 4, outer=1, inner=2)
+    mb.inner(1), mb.inner_rows(np.int32(1)), mb.outer(0)  # in range: fine
+    with pytest.raises(IndexError, match="inner draw 2 requested, but this step drew 2 inner"):
+        mb.inner(2)
+    with pytest.raises(IndexError, match="outer draw -1"):
+        mb.outer_rows(-1)
+    with pytest.raises(IndexError, match="outer draw 1 requested"):
+        mb.outer(1)
+    # a traced index (an inner loop's counter) is not checked here
+    assert jax.jit(lambda i: mb.inner(i)["a"])(1).shape == (4,)

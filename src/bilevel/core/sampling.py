@@ -46,6 +46,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bilevel.core import sharding as parallel
 
@@ -82,9 +83,22 @@ def batch_count(data: PyTree, batch_size: int | None) -> int:
     return num_samples(data) if batch_size is None else int(batch_size)
 
 
-def _gather(data: PyTree, idx: jax.Array | None, i, chunks: int = 1) -> PyTree:
+def _check_draw(idx: jax.Array, i, level: str) -> None:
+    """Refuse a static draw index past the draws a step made. JAX clamps an out-of-range index
+    to the last draw, so a solver that reads draw ``n`` of ``n`` draws would silently reuse
+    draw ``n - 1``; a traced index (an inner-loop counter) cannot be checked here."""
+    if isinstance(i, (int, np.integer)) and not 0 <= i < idx.shape[0]:
+        raise IndexError(
+            f"{level} draw {i} requested, but this step drew {idx.shape[0]} {level} "
+            f"minibatch(es) (draws 0..{idx.shape[0] - 1}): the solver's draw count and the "
+            "draws it reads disagree."
+        )
+
+
+def _gather(data: PyTree, idx: jax.Array | None, i, chunks: int = 1, level: str = "") -> PyTree:
     if data is None or idx is None:  # deterministic level, or full-batch oracle
         return data
+    _check_draw(idx, i, level)
     rows = idx[i]
     spans = _chunk_spans(rows.shape[-1], chunks)
     parts = [_part(data, rows, offset, size, len(spans) == 1) for offset, size in spans]
@@ -133,10 +147,13 @@ def _shifted(start: jax.Array, offset: int, n: int) -> jax.Array:
     return jnp.where(start >= n, start - n, start)
 
 
-def _rows(data: PyTree, idx: jax.Array | None, i, chunks: int = 1) -> jax.Array | None:
+def _rows(
+    data: PyTree, idx: jax.Array | None, i, chunks: int = 1, level: str = ""
+) -> jax.Array | None:
     """The data rows of draw i, in the order the batch holds them (None: full data)."""
     if data is None or idx is None:
         return None
+    _check_draw(idx, i, level)
     rows = idx[i]
     if rows.ndim == 1:  # "iid"
         return rows
@@ -267,19 +284,19 @@ class Minibatches:
     chunks: int = 1  # each draw as up to this many consecutive parts (a Chunks batch; static)
 
     def outer(self, i) -> PyTree:
-        return _gather(self.outer_data, self.outer_idx, i, self.chunks)
+        return _gather(self.outer_data, self.outer_idx, i, self.chunks, "outer")
 
     def inner(self, i) -> PyTree:
-        return _gather(self.inner_data, self.inner_idx, i, self.chunks)
+        return _gather(self.inner_data, self.inner_idx, i, self.chunks, "inner")
 
     def outer_rows(self, i) -> jax.Array | None:
         """The row indices of outer draw i, in the batch's order (None for full data): for a
         method that keeps a table per sample (SABA)."""
-        return _rows(self.outer_data, self.outer_idx, i, self.chunks)
+        return _rows(self.outer_data, self.outer_idx, i, self.chunks, "outer")
 
     def inner_rows(self, i) -> jax.Array | None:
         """The row indices of inner draw i, in the batch's order (None for full data)."""
-        return _rows(self.inner_data, self.inner_idx, i, self.chunks)
+        return _rows(self.inner_data, self.inner_idx, i, self.chunks, "inner")
 
 
 def _mix32(h: jax.Array) -> jax.Array:
