@@ -30,6 +30,7 @@ MODULES = [
     "bilevel.sets",
     "bilevel.metrics",
     "bilevel.meta",
+    "bilevel.data",
     "bilevel.schedules",
     "bilevel.oracles",
 ]

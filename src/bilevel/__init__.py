@@ -39,12 +39,12 @@ del _module
 
 
 def __getattr__(name: str):
-    # ``bl.meta`` without ``import bilevel.meta`` first; loaded on first use, since it brings
-    # the network backbones that most users of the package never need
-    if name == "meta":
-        import bilevel.meta
+    # ``bl.meta`` and ``bl.data`` without importing them first; loaded on first use, since
+    # they bring the network backbones and the dataset readers that most users never need
+    if name in ("meta", "data"):
+        import importlib
 
-        return bilevel.meta
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -75,6 +75,7 @@ __all__ = [
     "oracles",
     "metrics",
     "meta",
+    "data",
     "diagnose",
     "Diagnosis",
     "NotStronglyConvexWarning",

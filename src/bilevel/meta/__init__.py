@@ -16,11 +16,17 @@ Reference: Sow, Ji, Liang, "On the Convergence Theory for Hessian-Free Bilevel A
 NeurIPS 2022, Sec. 4.3 (Fig. 4, Table 1) and Appendix B.4 (eq. (9), the settings).
 """
 
+from bilevel.meta.backbones import CNN4, ResNet12
+from bilevel.meta.datasets import FewShotData, few_shot_data
 from bilevel.meta.episodes import Episodes, EpisodeSampler, FewShotSplit
 from bilevel.meta.registry import make, names
 from bilevel.meta.train import MetaTrace, mean_ci95, meta_train
 
 __all__ = [
+    "CNN4",
+    "ResNet12",
+    "FewShotData",
+    "few_shot_data",
     "Episodes",
     "EpisodeSampler",
     "FewShotSplit",
