@@ -71,3 +71,47 @@ def test_sweep_points_follow_like_solve():
     np.testing.assert_allclose(
         point["outer_loss"].to_numpy(), res.history["outer_loss"].to_numpy(), rtol=1e-9
     )
+
+
+# ---- online: bl.solve_online -----------------------------------------------------------------
+#: the stream's inner curvature per round, s_t: from 1 to 5 over the horizon
+T_ONLINE = 100
+S = jnp.linspace(1.0, 5.0, T_ONLINE)
+C = jnp.array([1.0, -2.0])
+
+
+def _stream():
+    """g_t(x, w) = s_t / 2 ||w - x||^2 (L_g = s_t, grows 5x along the stream), f_t(x, w) =
+    1/2 ||w - c||^2, so y*_t(x) = x and x*_t = c in every round. The "auto" inner step resolved
+    on round 1 (c / s_1) is unstable for the z / y sequences once s_t has doubled."""
+
+    def inner(t, x, w, b):
+        return 0.5 * b["s"][0] * jnp.sum((w - x) ** 2)
+
+    def outer(t, x, w, b):
+        return 0.5 * jnp.sum((w - C) ** 2)
+
+    data = {"s": S[:, None]}
+    return bl.OnlineProblem(outer=outer, inner=inner, horizon=T_ONLINE, x0=jnp.zeros(2),
+                            y0=jnp.zeros(2), outer_data=data, inner_data=data,
+                            name="growing-curvature-stream")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["f2obo", "fsobo"])
+def test_online_auto_inner_step_follows_the_stream(name):
+    """The step is rescaled by L_g(round 1) / L_g(round t) every ADAPT_EVERY rounds: the run
+    with ``lr_inner="auto"`` stays finite and ends near x* = c, the control with the round-1
+    step fixed diverges, and the step the run ends with is the rule's value at the last
+    adaptation, after the last round (the state then stands at round T's curvature)."""
+    problem = _stream()
+    at_start = bl.solvers.make(name, lr_outer=0.1).with_horizon(T_ONLINE).resolve(problem)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", bl.DivergenceWarning)
+        fixed = bl.solve_online(problem, bl.solvers.make(name, lr_outer=0.1,
+                                lr_inner=at_start.lr_inner), progress=False)  # fmt: skip
+    assert fixed.diverged  # the control
+    res = bl.solve_online(problem, bl.solvers.make(name, lr_outer=0.1), progress=False)
+    assert not res.diverged
+    expected = at_start.lr_inner * float(S[0] / S[-1])
+    assert res.solver.lr_inner == pytest.approx(expected, rel=1e-4)
+    assert float(jnp.linalg.norm(res.x - C)) < 0.1 * float(jnp.linalg.norm(C))

@@ -36,7 +36,13 @@ from bilevel.core.problem import BilevelProblem
 from bilevel.core.tree import tree_norm, tree_scale, tree_vdot
 from bilevel.solvers.base import Solver
 
-__all__ = ["InnerCurvature", "followed_fields", "POWER_STEPS", "MAX_ROWS"]
+__all__ = [
+    "InnerCurvature",
+    "OnlineInnerCurvature",
+    "followed_fields",
+    "POWER_STEPS",
+    "MAX_ROWS",
+]
 
 #: power iterations per estimate of L_g
 POWER_STEPS = 20
@@ -98,6 +104,43 @@ class InnerCurvature:
         else:
             changes = {name: jnp.asarray(value * scale) for name, value in self.base.items()}
         return dataclasses.replace(solver, **changes)
+
+
+class OnlineInnerCurvature(InnerCurvature):
+    """:class:`InnerCurvature` for ``bl.solve_online``: L_g is that of the round the state is
+    at, g_t on round t's evaluation data (``OnlineProblem.evaluation_data``), so the rule
+    ``c / L_g`` of the ``"auto"`` inner steps (resolved on round 1) follows both x and the
+    stream. Every :data:`bilevel.drivers.engine.ADAPT_EVERY` rounds, as offline.
+
+    Args:
+        resolved, fields: as :class:`InnerCurvature`'s.
+        problem: the online problem.
+        start: the run's initial states (leading seed axis), at round 1.
+    """
+
+    def __init__(self, resolved: Solver, fields: list[str], problem, start):
+        self.fields = fields
+        self.base = {name: _number(getattr(resolved, name)) for name in fields}
+        self.start = self.largest(problem, resolved, start)
+        self.scale = 1.0
+
+    def largest(self, problem, solver: Solver, state):
+        x, y = solver.output(state)
+        t = jnp.minimum(state.t, problem.horizon)  # after the last round: the last round's
+        values = np.asarray(_online_estimator()(problem, t, x, y))
+        return np.max(np.where(np.isfinite(values), values, 0.0), axis=-1)
+
+
+@functools.lru_cache(maxsize=1)
+def _online_estimator():
+    """The compiled estimate of L_g per seed of an online problem's round (built on first
+    use; jit caches one program per problem structure, whose functions are static)."""
+    return jax.jit(jax.vmap(_online_one, in_axes=(None, 0, 0, 0)), **jit_options())
+
+
+def _online_one(problem, t, x, y) -> jax.Array:
+    _, data = problem.evaluation_data(t)
+    return _curvature(functools.partial(problem.inner, t), x, y, data)
 
 
 def _number(value):

@@ -35,6 +35,14 @@ samples, oracle calls and seconds spent); the tuning's samples and oracle calls 
 every row of ``res.history`` (no free work: ``samples`` at round t is the tuning's plus the
 run's first t rounds). The choice is deterministic for a seed. A number given as ``lr_outer``
 is checked against the bound instead (``check_step=True``) and refused above it.
+
+**The inner steps.** ``lr_inner="auto"`` (and the steps derived from it) is resolved from the
+curvature of round 1 at (x0, y0); ``solve_online`` then rescales it every
+:data:`~bilevel.drivers.engine.ADAPT_EVERY` rounds by ``min(1, L_g(round 1) / L_g(round t))``,
+L_g of the round the run is at, where it is
+(:class:`bilevel.drivers.curvature.OnlineInnerCurvature`, the rule of ``bl.solve``'s
+:mod:`bilevel.drivers.curvature`): a stream or an x that raises the inner curvature does not
+leave the round-1 step unstable. Numbers given are left alone.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import ProblemKindError
 from bilevel.drivers.checks import check_convexity, check_on_divergence, check_seeds, check_steps
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
+from bilevel.drivers.curvature import OnlineInnerCurvature, followed_fields
 from bilevel.drivers.engine import Schedule
 from bilevel.drivers.history import History
 from bilevel.drivers.loggers import check_log_to, logged
@@ -225,11 +234,13 @@ def solve_online(
     if isinstance(solver.lr_outer, str) and solver.lr_outer == "auto":
         tuning = tune_outer_step(problem, solver, evaluation, seed_list[0], init, settings)
         solver = dataclasses.replace(solver, lr_outer=tuning.value)
-    solver = solver.resolve(problem)
+    template, solver = solver, solver.resolve(problem)
     if check_step and tuning is None:
         solver.check_outer_step(problem)
 
     state = init_states(solver, problem, seed_list, init)
+    followed = followed_fields(template, solver)  # "auto" inner steps follow the rounds
+    adapt = OnlineInnerCurvature(solver, followed, problem, state) if followed else None
     history = History(seed_list, offset=None if tuning is None else tuning.counts)
     display = Progress(
         progress, problem.horizon, solver.name, problem.name, len(seed_list), unit="round"
@@ -239,7 +250,9 @@ def solve_online(
     run = {"problem": problem.name, "rounds": problem.horizon, "eval_every": every}
     display = logged(display, log_dir, solver, run | {"seeds": len(seed_list)}, history)
     schedule = Schedule(problem.horizon, every, unit="round")
-    engine = OnlineEngine(problem, solver, schedule, history, display, evaluation, settings)
+    engine = OnlineEngine(
+        problem, solver, schedule, history, display, evaluation, settings, adapt=adapt
+    )
     engine.start(state)
     try:
         state, stopped = engine.loop(state)

@@ -26,7 +26,7 @@ from bilevel.analysis.metrics import loss_metrics
 from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.oracles import Counts
 from bilevel.core.tree import tree_allfinite
-from bilevel.drivers.engine import Chunk, Engine, Schedule
+from bilevel.drivers.engine import ADAPT_EVERY, Chunk, Engine, Schedule
 from bilevel.drivers.history import History
 from bilevel.drivers.programs import (
     ONLINE_ROUNDS,
@@ -140,6 +140,8 @@ class OnlineEngine(Engine):
     Args:
         problem, solver, schedule, history, display, settings: as :class:`Engine`'s.
         evaluation: the builder of the program evaluating a chunk's trace.
+        adapt: as :class:`Engine`'s (``"auto"`` inner steps following the rounds,
+            :class:`~bilevel.drivers.curvature.OnlineInnerCurvature`).
     """
 
     def __init__(
@@ -151,8 +153,11 @@ class OnlineEngine(Engine):
         display: Progress,
         evaluation: RoundEvaluation,
         settings: ProgramSettings | None = None,
+        adapt=None,
     ):
-        super().__init__(problem, solver, schedule, history, display, settings=settings)
+        super().__init__(
+            problem, solver, schedule, history, display, settings=settings, adapt=adapt
+        )
         self.evaluation = evaluation
         self.chunks: list[tuple] = []  # per chunk: (xs, ys, terms, regret, gamma)
         self.regret_total = np.zeros(len(history.seeds))  # per seed, the cumulative regret
@@ -172,6 +177,25 @@ class OnlineEngine(Engine):
     def step_program(self, state, length: int):
         """The chunk of ``length`` rounds; ``(state, trace, finite)``."""
         return self.program(ONLINE_ROUNDS, state, length, rounds_program)
+
+    def _run_pieces(self, state, length: int):
+        """A chunk's ``(state, trace, finite)``: with ``adapt``, pieces of at most
+        :data:`~bilevel.drivers.engine.ADAPT_EVERY` rounds, the solver adapted between them,
+        their traces joined (rounds are the axis after the seeds)."""
+        if self.adapt is None:
+            return super()._run_pieces(state, length)
+        traces, finite, done = [], True, 0
+        while done < length:
+            piece = min(ADAPT_EVERY, length - done)
+            program = self.step_program(state, piece)
+            state, trace, ok = jax.block_until_ready(program(self.problem, state))
+            traces.append(trace)
+            finite = finite & np.asarray(ok)
+            done += piece
+            if done < length:
+                self.adapt_to(state)
+        trace = jax.tree.map(lambda *a: jnp.concatenate(a, axis=1), *traces)
+        return state, trace, finite
 
     def record(self, output, chunk: Chunk):
         """Evaluate the chunk's trace and give each of its rounds a row."""

@@ -119,9 +119,10 @@ def _compute(solver, problem) -> StepBound:
 
     def at(t: int, lr: float) -> np.ndarray:  # round t's Jacobian at (x0, y0), by lag
         start = state._replace(t=jnp.asarray(t, state.t.dtype))
-        return np.asarray(jac(flat, _with_lr(solver, lr), start, problem), np.float64)
+        return _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
 
     pairs = {t: (at(t, 1.0), at(t, 2.0)) for t in rounds}
+    _check_finite(solver, pairs)
     ones, twos = pairs[T]
     radius = float(np.max(np.abs(np.linalg.eigvals(twos - ones)))) if flat.size else 0.0
     scale = 1.0 / radius if radius > 0 else 1.0
@@ -141,6 +142,32 @@ def _compute(solver, problem) -> StepBound:
         bounds.append(_first_instability(jacobian, scale))
     found = [b for b in bounds if b is not None]
     return StepBound(min(found) if found else None, scale, rounds)
+
+
+def _unread_rows_zeroed(jacobian: np.ndarray) -> np.ndarray:
+    """The Jacobian (float64) with the rows of the state entries that no entry reads set to 0.
+    Those are the solver's own diagnostics (a norm of the last direction or inner gradient):
+    they do not feed the round map, so they only add eigenvalues 0, but the derivative of a
+    norm at 0 is NaN, which would make the whole spectrum NaN (seen on a stream whose inner
+    step lands exactly on y*)."""
+    m = np.array(jacobian, np.float64)
+    finite_rows = np.isfinite(m).all(axis=1)
+    unread = np.all(np.where(finite_rows[:, None], m, 0.0) == 0.0, axis=0) & ~finite_rows
+    m[unread, :] = 0.0
+    return m
+
+
+def _check_finite(solver, pairs: dict) -> None:
+    """Refuse round maps whose linearisation is not finite (a ValueError naming the round):
+    the method's other steps overflow within one round there, whatever ``lr_outer`` is."""
+    bad = [t for t, (a, b) in pairs.items() if not (np.isfinite(a).all() and np.isfinite(b).all())]
+    if bad:
+        raise ValueError(
+            f"{solver.name}: one round of the method at (x0, y0) is not finite on round "
+            f"{bad[0]} of the stream (its Jacobian has NaN/inf), whatever lr_outer is: its "
+            "inner steps overflow there. Lower the inner step sizes given as numbers (e.g. "
+            "lr_inner), or leave them 'auto' (rescaled to the curvature of the round)."
+        )
 
 
 def _with_lr(solver, lr: float):
