@@ -9,9 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.problem import BilevelProblem, ProblemKindError
 from bilevel.drivers.checkpoints import CHECKPOINT_FILE
+from bilevel.solvers import names as solver_names
 from bilevel.solvers.base import Solver
+from bilevel.solvers.online.base import OnlineSolver
 
 __all__ = [
     "CONVEXITY_PROBE",
@@ -19,6 +22,7 @@ __all__ = [
     "check_checkpoint_dir",
     "check_convexity",
     "check_offline_problem",
+    "check_online_arguments",
     "check_on_divergence",
     "check_seeds",
     "check_steps",
@@ -141,3 +145,36 @@ def check_convexity(problem: BilevelProblem) -> None:
     from bilevel.analysis.diagnose import diagnose
 
     diagnose(problem, warn=True, **CONVEXITY_PROBE)
+
+
+def check_online_arguments(problem, solver, on_divergence, regret_step) -> None:
+    """``bl.solve_online``'s argument checks: an online problem and solver, the divergence
+    policy, a positive ``regret_step``."""
+    if not isinstance(problem, OnlineProblem):
+        raise ProblemKindError(
+            f"solve_online(problem=...) needs a bl.OnlineProblem (a stream of rounds), got "
+            f"{type(problem).__name__}; an offline problem runs with bl.solve(problem, solver, "
+            "steps)."
+        )
+    if not isinstance(solver, OnlineSolver):
+        if isinstance(solver, Solver):
+            raise ProblemKindError(
+                f"solve_online(solver=...) needs an online solver, but {solver.name!r} is an "
+                f"offline solver; use one of {', '.join(solver_names('online'))} (e.g. "
+                "bl.solvers.make('f2obo', lr_outer=..., lr_inner=...)), or run it on one round "
+                "with bl.solve(problem.round_problem(t), solver, steps)."
+            )
+        raise TypeError(
+            f"solve_online(solver=...) needs an online solver from bl.solvers.make(...), got "
+            f"{type(solver).__name__}."
+        )
+    check_on_divergence(on_divergence)
+    if regret_step is not None and not (
+        isinstance(regret_step, int | float)
+        and not isinstance(regret_step, bool)
+        and 0 < regret_step < float("inf")
+    ):
+        raise ValueError(
+            f"solve_online(regret_step={regret_step!r}) must be a positive float (or None: the "
+            "solver's outer step)."
+        )

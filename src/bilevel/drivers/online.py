@@ -61,8 +61,12 @@ import pandas as pd
 from bilevel.analysis import regret as _regret
 from bilevel.core.online_problem import OnlineProblem
 from bilevel.core.oracles import Counts
-from bilevel.core.problem import ProblemKindError
-from bilevel.drivers.checks import check_convexity, check_on_divergence, check_seeds, check_steps
+from bilevel.drivers.checks import (
+    check_convexity,
+    check_online_arguments,
+    check_seeds,
+    check_steps,
+)
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
 from bilevel.drivers.curvature import OnlineInnerCurvature, followed_fields
 from bilevel.drivers.engine import Schedule
@@ -73,8 +77,6 @@ from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Outcome, drop_seed_axis, finish
 from bilevel.drivers.rounds import OnlineEngine, RoundEvaluation, play_first_rounds
 from bilevel.drivers.tuning import NEAR, Tuning
-from bilevel.solvers import names as solver_names
-from bilevel.solvers.base import Solver
 from bilevel.solvers.online.base import OnlineSolver
 
 PyTree = Any
@@ -220,7 +222,7 @@ def solve_online(
             stable bound (naming the bound); ``lr_outer="auto"`` when every candidate diverged.
         Interrupted: on Ctrl-C or SIGTERM; its ``.result`` holds the rounds done.
     """
-    _check_arguments(problem, solver, on_divergence, regret_step)
+    check_online_arguments(problem, solver, on_divergence, regret_step)
     _, every = check_steps(problem.horizon, eval_every, caller="solve_online")
     seed_list = check_seeds(seed, seeds, caller="solve_online")
     log_dir = check_log_to(log_to, caller="solve_online")
@@ -379,34 +381,3 @@ def _choice(scores: list[float], dropped: tuple[str, ...]) -> int:
     if best + 1 in safe and scores[best + 1] <= NEAR * scores[best]:
         best += 1
     return best
-
-
-def _check_arguments(problem, solver, on_divergence, regret_step) -> None:
-    if not isinstance(problem, OnlineProblem):
-        raise ProblemKindError(
-            f"solve_online(problem=...) needs a bl.OnlineProblem (a stream of rounds), got "
-            f"{type(problem).__name__}; an offline problem runs with bl.solve(problem, solver, "
-            "steps)."
-        )
-    if not isinstance(solver, OnlineSolver):
-        if isinstance(solver, Solver):
-            raise ProblemKindError(
-                f"solve_online(solver=...) needs an online solver, but {solver.name!r} is an "
-                f"offline solver; use one of {', '.join(solver_names('online'))} (e.g. "
-                "bl.solvers.make('f2obo', lr_outer=..., lr_inner=...)), or run it on one round "
-                "with bl.solve(problem.round_problem(t), solver, steps)."
-            )
-        raise TypeError(
-            f"solve_online(solver=...) needs an online solver from bl.solvers.make(...), got "
-            f"{type(solver).__name__}."
-        )
-    check_on_divergence(on_divergence)
-    if regret_step is not None and not (
-        isinstance(regret_step, int | float)
-        and not isinstance(regret_step, bool)
-        and 0 < regret_step < float("inf")
-    ):
-        raise ValueError(
-            f"solve_online(regret_step={regret_step!r}) must be a positive float (or None: the "
-            "solver's outer step)."
-        )
