@@ -169,3 +169,19 @@ def test_the_bound_is_where_the_method_starts_to_diverge(stream):
             check_step=False,
         )
     assert not above.ok
+
+
+def test_the_bound_ignores_unread_diagnostics_and_refuses_a_non_finite_round():
+    """The round map's Jacobian has a row per float entry of the state; a diagnostic that no
+    entry reads (a norm, NaN derivative at 0) is zeroed (it only adds eigenvalue 0), while a
+    NaN in an entry the map reads is refused with a message, not a LinAlgError."""
+    from bilevel.solvers.online import auto
+
+    m = np.array([[0.9, 0.0, 0.0], [1.0, 0.5, 0.0], [np.nan, np.nan, np.nan]])
+    clean = auto._unread_rows_zeroed(m)  # entry 2 is read by nobody (column 2 is zero)
+    np.testing.assert_array_equal(clean, [[0.9, 0, 0], [1.0, 0.5, 0], [0, 0, 0]])
+    read = np.array([[0.9, 0.0, 1.0], [1.0, 0.5, 0.0], [np.nan, np.nan, np.nan]])
+    assert np.isnan(auto._unread_rows_zeroed(read)[2]).all()  # entry 2 feeds entry 0: kept
+    solver = bl.solvers.make("f2obo")
+    with pytest.raises(ValueError, match="not finite on round 7 of the stream"):
+        auto._check_finite(solver, {1: (m[:2, :2], m[:2, :2]), 7: (read, read)})
