@@ -589,3 +589,12 @@ def test_is_bounded():
     assert S.is_bounded(S.Box(0.0, 1.0), like=np.zeros(3))
     assert not S.is_bounded(S.Box(0.0, np.inf), like=np.zeros(3))
     assert not S.is_bounded(S.Reals()) and not S.is_bounded(None)
+
+
+@pytest.mark.parametrize("cls", ["L1Ball", "L2Ball", "NuclearBall"])
+@pytest.mark.parametrize("radius", [0.0, -1.0, float("nan")])
+def test_a_non_positive_radius_is_refused_naming_the_set(cls, radius):
+    """The error names the set the user built (a mutation run found the NuclearBall's name
+    unchecked)."""
+    with pytest.raises(ValueError, match=rf"^{cls}\(radius=\.\.\.\) must be positive"):
+        getattr(S, cls)(radius)
