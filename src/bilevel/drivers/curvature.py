@@ -77,12 +77,16 @@ class InnerCurvature:
     def __init__(
         self, resolved: Solver, fields: list[str], problem: BilevelProblem, start, grid=False
     ):
-        self.fields = fields
-        self.base = {name: _number(getattr(resolved, name)) for name in fields}
         self._estimate = _estimator(problem.inner, grid)
         self._data = _subset(problem.inner_data)
-        self.start = self.largest(problem, resolved, start)
+        self._follow(resolved, fields, problem, start)
         self.scale = 1.0 if not grid else np.ones_like(self.start)
+
+    def _follow(self, resolved: Solver, fields: list[str], problem, start) -> None:
+        """The followed fields, their values at the start, and L_g there."""
+        self.fields = fields
+        self.base = {name: _number(getattr(resolved, name)) for name in fields}
+        self.start = self.largest(problem, resolved, start)
 
     def largest(self, problem: BilevelProblem, solver: Solver, state):
         """The largest estimate of L_g over the seeds of ``state`` (per grid point in a
@@ -119,9 +123,7 @@ class OnlineInnerCurvature(InnerCurvature):
     """
 
     def __init__(self, resolved: Solver, fields: list[str], problem, start):
-        self.fields = fields
-        self.base = {name: _number(getattr(resolved, name)) for name in fields}
-        self.start = self.largest(problem, resolved, start)
+        self._follow(resolved, fields, problem, start)
         self.scale = 1.0
 
     def largest(self, problem, solver: Solver, state):
