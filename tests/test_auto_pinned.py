@@ -374,6 +374,9 @@ def test_sf2obo_theory_schedules(stream):
         assert_rule(float(sched.beta), 1 / (2 * LAM1 * L_G * t ** (1 / 6)), f"beta_{t}")
     constant = bl.solvers.make("sf2obo", lr_outer=0.01, inner_schedule="constant")
     assert constant.resolve(stream).inner_steps == f2obo_steps(tau=1 / 6)
+    # kappa_g is estimated only for the theory K_t that reads it (a mutant estimating it for
+    # every schedule survived): the constant schedule leaves it unset
+    assert constant.resolve(stream).kappa_g is None
 
 
 def test_sf2obo_batches_grow_on_held_samples():

@@ -328,12 +328,20 @@ def test_minibatch_layout_of_aobo_and_fsobo(name):
 @pytest.mark.parametrize(
     "name, kw, match",
     [
-        ("aobo", {"tolerance": 0.0}, r"tolerance=0.0\) must be > 0"),
+        # the message names the fix: the paper's value (a mutant that garbled the text survived)
+        (
+            "aobo",
+            {"tolerance": 0.0},
+            r"tolerance=0.0\) must be > 0.* when "
+            r"\|\|grad_y g_t\|\| <= tolerance \(Experiment 1 used 0.1\)\.$",
+        ),
         ("aobo", {"max_inner_steps": 0}, r"max_inner_steps=0\) must be a positive int"),
         ("aobo", {"linear_steps": 2.5}, r"linear_steps=2.5\) must be a positive int"),
         ("aobo", {"lr_linear": -1.0}, r"lr_linear"),
         ("sogd", {"momentum": 1.0}, r"momentum=1.0\) must be in \[0, 1\)"),
         ("sogd", {"direction": "adam"}, r"direction='adam'\) is unknown; use one of"),
+        ("sf2obo", {"inner_schedule": "cubic"}, r"inner_schedule='cubic'\) is unknown"),
+        ("sf2obo", {"batch_schedule": "cubic"}, r"batch_schedule='cubic'\) is unknown"),
     ],
 )
 def test_bad_hyperparameters_name_the_fix(name, kw, match):

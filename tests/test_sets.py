@@ -484,6 +484,19 @@ def test_bad_parameters_raise(make, name):
         make()
 
 
+def test_box_broadcasts_a_scalar_bound_over_the_other_bounds_tree():
+    """A scalar bound pairs with every leaf of a pytree bound, whichever side is the scalar:
+    valid boxes build, and lower > upper on one leaf is refused with the box's message (a
+    mutant that dropped the lower scalar's broadcast survived every test)."""
+    tree = {"a": np.ones(2), "b": np.full(3, 2.0)}
+    S.Box(0.0, tree)
+    S.Box(jax.tree.map(lambda v: -v, tree), 0.5)
+    with pytest.raises(ValueError, match=r"Box\(lower, upper\) needs lower <= upper"):
+        S.Box(1.5, tree)
+    with pytest.raises(ValueError, match=r"Box\(lower, upper\) needs lower <= upper"):
+        S.Box(tree, 1.5)
+
+
 def test_validation_skipped_for_tracers_and_pytree_rebuilds():
     out = jax.jit(lambda r, x: S.L2Ball(r).project(x))(0.5, np.full(4, 1.0))
     np.testing.assert_allclose(np.linalg.norm(out), 0.5)

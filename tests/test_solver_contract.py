@@ -175,3 +175,23 @@ def test_vmap_over_a_batch_of_lr_outer(name, problem):
         got = jax.tree.map(lambda a, i=i: a[i], solver.output(stepped)[0])
         np.testing.assert_allclose(np.asarray(got), np.asarray(x), rtol=1e-12, atol=1e-14)
     assert not np.allclose(np.asarray(xs[0]), np.asarray(xs[2]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_float32_start_gives_a_float32_state(name, problem):
+    """A problem started in float32 (``jax_enable_x64`` on, as in every test) gets a state whose
+    floating leaves are all float32: an estimate built from a default-dtype constant (STABLE's
+    ``H_yy = mu_g I`` without the start's dtype, a surviving mutant) would be float64 and turn
+    every step float64."""
+    problem = problem_for(name, problem)
+    problem = problem.replace(
+        x0=jnp.asarray(problem.x0, jnp.float32), y0=jnp.asarray(problem.y0, jnp.float32)
+    )
+    solver = _make(name, lr_outer=0.01).resolve(problem)
+    state = solver.init(problem, jax.random.key(0))
+    wide = {
+        jax.tree_util.keystr(path): leaf.dtype
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+        if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.dtype != jnp.float32
+    }
+    assert not wide, wide
