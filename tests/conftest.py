@@ -57,8 +57,9 @@ import pytest  # noqa: E402
 #: depend on how well LLVM optimises the code. Measured on the 2-core machine, all passing
 #: either way: seven network and problem modules 277 -> 179 CPU-s, test_online and the battery
 #: 454 -> 327 (2026-11-27); the whole suite with the flag off everywhere
-#: (``BILEVEL_TESTS_FULL_XLA=1``; test_experiments sets its own) took 2,949 worker-seconds
-#: against 2,339 with it (2026-11-28), and no module was more than 4 s faster without it.
+#: (``BILEVEL_TESTS_FULL_XLA=1``; test_experiments then still set it, by a fixture of its
+#: own since removed) took 2,949 worker-seconds against 2,339 with it (2026-11-28), and no
+#: module was more than 4 s faster without it.
 #: Moved out of this set on 2026-11-28, CPU-s fully optimised -> with the flag:
 #: test_solver_contract 72 -> 51, test_unrolled_keys 42 -> 30, test_precision 30 -> 17,
 #: test_memory 19 -> 14.

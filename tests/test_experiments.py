@@ -20,20 +20,6 @@ from bilevel.cli import app
 NAMES = experiments.names()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fewer_xla_optimisations():
-    """Compile this module's programs with most XLA optimisations off: a quick mode's time is
-    compiling (one step and one evaluation program per method, CNNs among them), not running
-    its few steps, and what these tests check (the files, the labels, finite numbers) does not
-    depend on how well the code is optimised. Measured 2026-11-27: pzobo-hyperrep-2layer's quick
-    mode 31 -> 20 CPU-s. The flag is part of JAX's compilation key, and conftest.py drops every
-    compiled program after each module, so no other module runs one of these programs."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
 #: what each quick mode's claims.md must say on a machine without MNIST, Fashion-MNIST and 20
 #: Newsgroups: the stand-in it used and the sizes it cut to fit it (E1 and E2 use synthetic data;
 #: stable-hpo's quick mode runs its australian panel only)
@@ -92,7 +78,11 @@ EXECUTION_BOUND = {"pzobo-meta"}
 
 @contextlib.contextmanager
 def _optimised(on: bool):
-    """Full XLA optimisation inside the block when ``on`` (this module turns most off)."""
+    """Full XLA optimisation inside the block when ``on``. The module compiles with most
+    optimisations off (``tests/conftest.py``): a quick mode's time is compiling one step and one
+    evaluation program per method, and what these tests check (the files, the labels, finite
+    numbers) does not depend on how well the code is optimised (pzobo-hyperrep-2layer's quick
+    mode: 31 -> 20 CPU-s, measured 2026-11-27)."""
     previous = jax.config.read("jax_disable_most_optimizations")
     if on:
         jax.config.update("jax_disable_most_optimizations", False)
