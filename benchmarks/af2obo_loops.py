@@ -6,7 +6,8 @@ safety cap). This runs the first rounds of the full stream (FULL sizes: 64 + 64 
 16x16 a round, 8-channel 4-block CNN, one seed) with a given cap and prints, per round, the
 steps each loop took and the solver seconds, so that the cost of the uncapped protocol can be
 estimated before committing a machine to it. Run:
-``python benchmarks/af2obo_loops.py ROUNDS_PER_PHASE CAP`` (4 phases, so 4 x ROUNDS rounds).
+``python benchmarks/af2obo_loops.py ROUNDS_PER_PHASE CAP [LABEL]`` (4 phases, so 4 x ROUNDS
+rounds; LABEL another method of the experiment, ``AOBO`` say, default ``AF2OBO``).
 """
 
 from __future__ import annotations
@@ -15,42 +16,29 @@ import sys
 import time
 
 import bilevel as bl
-from bilevel.data.standins import mnist_or_substitute
 from bilevel.experiments import f2obo_imbalanced as exp
-from bilevel.problems import imbalanced_stream
 
 
-def main(rounds_per_phase: int, cap: int) -> None:
-    cfg = exp.FULL
-    loaded = mnist_or_substitute(lambda _: None)
+def main(rounds_per_phase: int, cap: int, label: str = "AF2OBO") -> None:
+    cfg = dict(exp.FULL, rounds_per_phase=rounds_per_phase)
+    loaded, problem, _ = exp.build(cfg, lambda _: None)
     print(loaded.note.splitlines()[0])
-    problem = imbalanced_stream(
-        exp.to_side(loaded.train_images, cfg["side"]),
-        loaded.train_labels,
-        rhos=exp.PAPER_RHOS,
-        rounds_per_phase=rounds_per_phase,
-        n_train=cfg["n_train"],
-        n_val=cfg["n_val"],
-        channels=cfg["channels"],
-        blocks=cfg["blocks"],
-        weight_decay=exp.WEIGHT_DECAY,
-        seed=0,
-    )
-    hyper = next(h for label, _, h in exp.PAPER_METHODS if label == "AF2OBO")
-    solver = bl.solvers.make("af2obo", **exp.with_cap(hyper, cap))
+    name, hyper = next((n, h) for lab, n, h in exp.PAPER_METHODS if lab == label)
+    solver = bl.solvers.make(name, **exp.with_cap(hyper, cap))
     t0 = time.perf_counter()
     res = exp._solve_seeds(problem, solver, 1)
     wall = time.perf_counter() - t0
     h = res.history
-    cols = ["round", "inner_iterations_y", "inner_iterations_z", "seconds", "outer_loss"]
-    print(h[cols].to_string(index=False))
-    steps = (h.inner_iterations_y + h.inner_iterations_z).sum()
+    loops = [c for c in ("inner_iterations", "inner_iterations_y", "inner_iterations_z") if c in h]
+    print(h[["round", *loops, "seconds", "outer_loss"]].to_string(index=False))
+    steps = h[loops].sum(axis=1).sum()
+    longest = h[loops].max(axis=1)
     print(
         f"cap {cap}: {len(h)} rounds, {steps:.0f} loop steps, {wall:.0f} s wall with the "
-        f"compilation, {h.seconds.iloc[-1]:.0f} s solver time; y loop at the cap in "
-        f"{int((h.inner_iterations_y >= cap).sum())} rounds"
+        f"compilation, {h.seconds.iloc[-1]:.0f} s solver time; a loop at the cap in "
+        f"{int((longest >= cap).sum())} rounds"
     )
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:4])

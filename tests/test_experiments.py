@@ -132,6 +132,19 @@ def test_quick_mode_writes_finite_outputs(name, tmp_path, monkeypatch):
         assert len(frame) >= 2 and np.isfinite(numeric.to_numpy()).all(), path.name
     summary = json.loads((root / "summary.json").read_text())
     assert summary["quick"] is True
+    if name == "f2obo-imbalanced":  # a rerun loads every finished method instead of playing it
+        again = CliRunner().invoke(
+            app, ["reproduce", name, "--quick", "--out", str(tmp_path), "--seeds", str(seeds)]
+        )
+        assert again.exit_code == 0, again.output + repr(again.exception)
+        assert again.output.count("loaded from") == 3  # the quick mode's three methods
+        rerun = (root / "claims.md").read_text()
+        assert "Resumed: these methods were loaded from methods/" in rerun
+        assert _claims_table(rerun) == _claims_table(claims)
+
+
+def _claims_table(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ")]
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from bilevel.analysis import metrics as _metrics
 from bilevel.data.standins import mnist_or_substitute
 from bilevel.experiments import register
 from bilevel.experiments.common import Claim, write_outputs
+from bilevel.experiments.method_store import MethodStore
 from bilevel.experiments.protocols import OURS, PAPER, Protocol, Sourced
 from bilevel.problems.imbalanced_stream import (
     PAPER_RHOS,
@@ -243,13 +244,14 @@ def _train_ce(ys, images, labels):
     )
 
 
-def play(problem, label, solver_name, hyper, seeds, cfg, test, log) -> pd.DataFrame:
+def play(problem, label, solver_name, hyper, seeds, cfg, test, log, progress=False) -> pd.DataFrame:
     """One method on the stream, ``seeds`` vmapped seeds (each its own network start): its
     history at the evaluated rounds (every ``eval_every`` rounds and the last) with the
-    evaluation's columns."""
+    evaluation's columns. ``progress`` shows the rounds on stderr (in chunks of
+    ``eval_every`` rounds; the rounds' results are the same)."""
     solver = bl.solvers.make(solver_name, **hyper)
     t0 = time.perf_counter()
-    res = _solve_seeds(problem, solver, seeds)
+    res = _solve_seeds(problem, solver, seeds, cfg["eval_every"] if progress else None)
     solve_s = time.perf_counter() - t0
     T = problem.horizon
     rounds = np.unique(np.r_[np.arange(cfg["eval_every"], T + 1, cfg["eval_every"]), T])
@@ -268,8 +270,9 @@ def play(problem, label, solver_name, hyper, seeds, cfg, test, log) -> pd.DataFr
     return out[keep]
 
 
-def _solve_seeds(problem, solver, seeds: int):
-    """``bl.solve_online`` over ``seeds`` vmapped seeds, each from its own CNN start."""
+def _solve_seeds(problem, solver, seeds: int, chunk: int | None = None):
+    """``bl.solve_online`` over ``seeds`` vmapped seeds, each from its own CNN start; with a
+    ``chunk`` of rounds, progress shown on stderr after each."""
     ref = problem.reference
     side = problem.inner_data["images"].shape[-1]
 
@@ -282,8 +285,8 @@ def _solve_seeds(problem, solver, seeds: int):
             problem,
             solver,
             seeds=list(range(seeds)),
-            eval_every=None,
-            progress=False,
+            eval_every=chunk,
+            progress=chunk is not None,
             regret=None,
             init=init,
         )
@@ -322,6 +325,48 @@ def _seed_rows(problem, res, s: int, rounds: np.ndarray, evaluate, test) -> pd.D
     return rows
 
 
+def build(cfg: dict, log):
+    """The data (MNIST, else its stand-in), the stream problem and the balanced test set."""
+    loaded = mnist_or_substitute(log)
+    log(loaded.note)
+    problem = imbalanced_stream(
+        to_side(loaded.train_images, cfg["side"]),
+        loaded.train_labels,
+        rhos=PAPER_RHOS,
+        rounds_per_phase=cfg["rounds_per_phase"],
+        n_train=cfg["n_train"],
+        n_val=cfg["n_val"],
+        channels=cfg["channels"],
+        blocks=cfg["blocks"],
+        weight_decay=WEIGHT_DECAY,
+        seed=0,
+    )
+    test = balanced_test_set(
+        to_side(loaded.test_images, cfg["side"]), loaded.test_labels, cfg["test_per_class"]
+    )
+    return loaded, problem, test
+
+
+def method_store(out_dir: Path, loaded, cfg: dict, seeds: int) -> MethodStore:
+    """The run's finished methods in ``out_dir/methods``: a rerun with the same data, sizes
+    and seeds loads them instead of playing them again (the list of methods is not part of
+    the key, so a run of some methods elsewhere is reused)."""
+    return MethodStore(out_dir / "methods", {"data": loaded.name, "cfg": cfg, "seeds": seeds})
+
+
+def play_stored(store, problem, label, solver_name, hyper, seeds, cfg, test, log, progress=False):
+    """:func:`play` unless ``store`` holds the method's curve under the same key."""
+    hyper = with_cap(hyper, cfg["cap"])
+    kept = store.load(label, hyper)
+    if kept is not None:
+        log(f"  {label}: loaded from {store.directory} ({store.loaded[label]['device']})")
+        return kept
+    t0 = time.perf_counter()
+    frame = play(problem, label, solver_name, hyper, seeds, cfg, test, log, progress)
+    store.save(label, hyper, frame, time.perf_counter() - t0)
+    return frame
+
+
 @register(
     "f2obo-imbalanced",
     "F2OBO (Jia & Chen, arXiv:2602.11665), Sec. 6.1, Fig. 1",
@@ -334,33 +379,16 @@ def run(out_dir: Path, *, quick: bool, seeds: int, log) -> object:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = QUICK if quick else FULL
-    loaded = mnist_or_substitute(log)
-    log(loaded.note)
-    train_images = to_side(loaded.train_images, cfg["side"])
-    test = balanced_test_set(
-        to_side(loaded.test_images, cfg["side"]), loaded.test_labels, cfg["test_per_class"]
-    )
-    listed = [m for m in PAPER_METHODS if not quick or m[0] in QUICK_METHODS]
-    methods = listed
-    problem = imbalanced_stream(
-        train_images,
-        loaded.train_labels,
-        rhos=PAPER_RHOS,
-        rounds_per_phase=cfg["rounds_per_phase"],
-        n_train=cfg["n_train"],
-        n_val=cfg["n_val"],
-        channels=cfg["channels"],
-        blocks=cfg["blocks"],
-        weight_decay=WEIGHT_DECAY,
-        seed=0,
-    )
+    methods = [m for m in PAPER_METHODS if not quick or m[0] in QUICK_METHODS]
+    loaded, problem, test = build(cfg, log)
+    store = method_store(out_dir, loaded, cfg, seeds)
     histories = {
-        label: play(problem, label, solver, with_cap(hyper, cfg["cap"]), seeds, cfg, test, log)
+        label: play_stored(store, problem, label, solver, hyper, seeds, cfg, test, log)
         for label, solver, hyper in methods
     }
     plot_figure(histories, out_dir / "fig1.png", quick)
     claims = judge(histories, quick)
-    notes = make_notes(loaded, cfg, len(test[1]))
+    notes = make_notes(loaded, cfg, len(test[1])) + store.notes()
     return write_outputs(
         "f2obo-imbalanced",
         out_dir,
