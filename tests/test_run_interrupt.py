@@ -239,3 +239,38 @@ def test_batch_size_on_a_deterministic_problem_is_refused():
     # a method's own default minibatch size (PZOBO-S: 256) is not the user's request
     assert bl.solvers.make("pzobo-s").batch_size == 256
     bl.solvers.make("pzobo-s").check_problem(p)
+
+
+def _interrupt_online_rounds(monkeypatch, at_call: int):
+    """SIGINT while the ``at_call``-th compiled chunk of online rounds runs (0 = the first)."""
+    compiled, calls = programs.program, []
+
+    def compiled_with_signal(spec, *args, **kwargs):
+        fn = compiled(spec, *args, **kwargs)
+        if spec.kind != programs.ONLINE_ROUNDS:
+            return fn
+
+        def call(problem, state):
+            calls.append(1)
+            if len(calls) == at_call + 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return fn(problem, state)
+
+        return call
+
+    monkeypatch.setattr(programs, "program", compiled_with_signal)
+
+
+@pytest.mark.parametrize("at_call, rounds", [(0, 0), (2, 8)])
+def test_an_online_interrupt_keeps_the_rounds_done_even_none(monkeypatch, at_call, rounds):
+    """A stop during the first chunk is an Interrupted with zero rounds, not a TypeError from
+    joining no chunks (it was, when a time limit stopped a run while its program compiled)."""
+    problem = bl.problems.oscillating(horizon=20)
+    solver = bl.solvers.make("f2obo", lr_outer=0.05, lr_inner=0.1, inner_steps=2)
+    _interrupt_online_rounds(monkeypatch, at_call)
+    with pytest.raises(bl.Interrupted) as info:
+        bl.solve_online(problem, solver, seeds=[0, 1], eval_every=4, progress=False)
+    res = info.value.result
+    assert len(res.history) == 2 * rounds and np.shape(res.regret) == (2, rounds)
+    x_dim = np.size(problem.x0)
+    assert np.shape(res.xs) == (2, rounds, x_dim) and np.shape(res.regret_terms) == (2, rounds)

@@ -160,11 +160,13 @@ class OnlineEngine(Engine):
         )
         self.evaluation = evaluation
         self.chunks: list[tuple] = []  # per chunk: (xs, ys, terms, regret, gamma)
+        self.start_point = None  # (x_1, y_1) per seed: the traces' shape before any chunk
         self.regret_total = np.zeros(len(history.seeds))  # per seed, the cumulative regret
 
     def start(self, state) -> None:
         """Refuse a non-finite start (x_1, y_1) with the seeds it concerns."""
         x, y = jax.device_get(self.solver.output(state))
+        self.start_point = (x, y)
         leaves = [np.asarray(a).reshape(a.shape[0], -1) for a in jax.tree.leaves((x, y))]
         finite = np.all([np.isfinite(a).all(axis=1) for a in leaves], axis=0)
         if not finite.all():
@@ -236,14 +238,20 @@ class OnlineEngine(Engine):
 
     def traces(self) -> tuple:
         """``(xs, ys, regret terms, cumulative regret, gamma)`` of the rounds played, joined
-        over the chunks (a leading seed axis; NaN after a seed diverged)."""
+        over the chunks (a leading seed axis; NaN after a seed diverged). With no round
+        played (a stop during the first chunk), arrays of zero rounds."""
+        if not self.chunks:
+            seeds = len(self.history.seeds)
+            empty = lambda a: np.zeros((seeds, 0, *np.shape(a)[1:]))  # noqa: E731
+            xs, ys = (jax.tree.map(empty, part) for part in self.start_point)
+            return xs, ys, np.zeros((seeds, 0)), np.zeros((seeds, 0)), np.zeros(0)
 
         def join(i):
             parts = [c[i] for c in self.chunks]
             return jax.tree.map(lambda *a: np.concatenate(a, axis=1), *parts)
 
         xs, ys, terms, regret = (join(i) for i in range(4))
-        gamma = np.concatenate([c[4] for c in self.chunks]) if self.chunks else np.zeros(0)
+        gamma = np.concatenate([c[4] for c in self.chunks])
         return xs, ys, terms, regret, gamma
 
 
