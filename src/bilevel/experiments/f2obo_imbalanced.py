@@ -128,7 +128,9 @@ PAPER_PROTOCOL = Protocol(
 )
 
 #: sizes. Full: the paper's 400 rounds and 5 seeds; per-round sizes, width and image side are
-#: ours (unspecified in the paper; sized so all methods x 5 seeds fit a 2-core CPU in ~20 min).
+#: ours (unspecified in the paper; sized so that the methods with bounded loops x 5 seeds fit a
+#: 2-core CPU in ~20 min; AF2OBO's loops at the 1000 cap are ~400,000 steps a seed, ~1 h each
+#: there, 6 min on one H100: benchmarks/f2obo_imbalanced_methods.py plays methods elsewhere).
 FULL = dict(
     rounds_per_phase=100,
     n_train=64,
@@ -545,7 +547,8 @@ def make_notes(loaded, cfg: dict, n_test: int) -> list[str]:
         "as the paper's 28 -> 14 -> 7 -> 3 -> 1 does, at a third of the cost. Width "
         f"{cfg['channels']} channels (the paper gives none; 64 is usual), per-round sizes "
         f"{cfg['n_train']} train / {cfg['n_val']} validation (the paper gives none): chosen so "
-        "that every method x 5 seeds x 400 rounds runs on a 2-core CPU.",
+        "that the methods with bounded loops x 5 seeds x 400 rounds run on a 2-core CPU (AF2OBO "
+        "with its loops at the cap takes hours there).",
         "Seeds: one stream (drawn with seed 0) played by every method; each seed is its own "
         "network initialisation theta_1 (PyTorch's default uniform init from the seed's key), "
         "so the bands show the spread over initialisations, not over streams. The seeds run "
