@@ -7,6 +7,7 @@ be played again. :class:`MethodStore` keeps each finished method's curve in
 computed under (the experiment's setting, the method's hyperparameters, the package version),
 the device and the seconds it took. A rerun with the same key loads the curve instead of
 playing the method again; any change of setting, hyperparameter or version plays it anew.
+Edits to the code between two runs are not part of the key: delete ``methods/`` after one.
 
 The same mechanism lets a run be split across machines: the methods played elsewhere (on an
 accelerator, say) are copied into ``methods/`` and the rest are played here. The outputs say
