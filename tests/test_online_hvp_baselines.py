@@ -332,7 +332,7 @@ def test_minibatch_layout_of_aobo_and_fsobo(name):
         (
             "aobo",
             {"tolerance": 0.0},
-            r"tolerance=0.0\) must be > 0.* when "
+            r"^AOBO\(tolerance=0.0\) must be > 0.* when "
             r"\|\|grad_y g_t\|\| <= tolerance \(Experiment 1 used 0.1\)\.$",
         ),
         ("aobo", {"max_inner_steps": 0}, r"max_inner_steps=0\) must be a positive int"),

@@ -195,3 +195,17 @@ def test_a_float32_start_gives_a_float32_state(name, problem):
         if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.dtype != jnp.float32
     }
     assert not wide, wide
+
+
+@pytest.mark.parametrize("outer", ["sgd", "adam"])
+def test_outer_step_records_the_norm_of_the_direction_it_was_given(problem, outer):
+    """``outer_state.direction_norm`` (the history's ``hypergrad_estimate_norm``, PZOBO's Fig.
+    2(e)) is ||direction||, the estimate itself, not the optimiser's update; with SGD the step
+    is ``x - lr * direction``."""
+    solver = _make("f2sa", outer_optimizer=outer)
+    x = problem.x0
+    direction = jnp.array([3.0, -4.0, 12.0], dtype=x.dtype)
+    x_new, state = solver.outer_step(problem, x, direction, solver.outer_init(x), 0.1)
+    np.testing.assert_allclose(state.direction_norm, 13.0, rtol=1e-12)
+    if outer == "sgd":
+        np.testing.assert_allclose(x_new, x - 0.1 * direction, rtol=1e-12)
