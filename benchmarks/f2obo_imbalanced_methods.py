@@ -16,6 +16,7 @@ same on both machines (the key holds its name): carry Fashion-MNIST and set $BIL
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -37,17 +38,17 @@ def main() -> None:
     unknown = [label for label in args.labels.split(",") if label not in methods]
     if unknown:
         parser.error(f"unknown method(s) {unknown}; known: {', '.join(methods)}")
-    print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}", flush=True)
-    loaded, problem, test = exp.build(cfg, lambda msg: print(msg, flush=True))
+    log = functools.partial(print, flush=True)
+    log(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}")
+    loaded, problem, test = exp.build(cfg, log)
     store = exp.method_store(args.out, loaded, cfg, args.seeds)
     for label in args.labels.split(","):
         t0 = time.perf_counter()
         solver, hyper = methods[label]
-        log = lambda msg: print(msg, flush=True)  # noqa: E731
         exp.play_stored(
             store, problem, label, solver, hyper, args.seeds, cfg, test, log, args.progress
         )
-        print(f"{label}: {time.perf_counter() - t0:.0f} s with compilation", flush=True)
+        log(f"{label}: {time.perf_counter() - t0:.0f} s with compilation")
 
 
 if __name__ == "__main__":

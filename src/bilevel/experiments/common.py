@@ -316,12 +316,16 @@ def write_outputs(
     )
 
 
+def file_stem(label: str) -> str:
+    """A method's label as a file name: characters unsafe in file names as ``_``."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+
+
 def _write_curves(curves: Path, histories: dict[str, pd.DataFrame]) -> None:
-    """One CSV per history, named by its label (characters unsafe in file names as ``_``)."""
+    """One CSV per history, named by its label (:func:`file_stem`)."""
     curves.mkdir(exist_ok=True)
     for label, hist in histories.items():
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-        hist.to_csv(curves / f"{safe}.csv", index=False)
+        hist.to_csv(curves / f"{file_stem(label)}.csv", index=False)
 
 
 def _claims_markdown(title, claims, notes, quick, seconds, setting, protocols=()) -> list[str]:

@@ -20,20 +20,22 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import jax
 import pandas as pd
 
+from bilevel.drivers.writes import write_each
+from bilevel.experiments.common import file_stem
+
 __all__ = ["MethodStore"]
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write ``path`` whole or not at all: a temporary sibling renamed over it."""
-    tmp = path.with_name(f".{path.name}.partial")
-    write(tmp)
-    os.replace(tmp, path)
+def _write_whole(path: Path, write) -> None:
+    """Write ``path`` whole or leave it as it was (``write_each``); a failure raises its
+    ``WriteError`` (naming the file), so no index line is written for a curve not saved."""
+    for failure in write_each([(path, write)]):
+        raise failure
 
 
 def _device() -> str:
@@ -78,8 +80,7 @@ class MethodStore:
             return {}
 
     def _csv(self, label: str) -> Path:
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
-        return self.directory / f"{safe}.csv"
+        return self.directory / f"{file_stem(label)}.csv"
 
     def load(self, label: str, hyper: dict) -> pd.DataFrame | None:
         """The stored curve of ``label`` if it was computed under the same key, else None."""
@@ -97,7 +98,7 @@ class MethodStore:
     def save(self, label: str, hyper: dict, frame: pd.DataFrame, seconds: float) -> None:
         """Keep ``label``'s finished curve (the CSV first, then its index line)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self._csv(label), lambda p: frame.to_csv(p, index=False))
+        _write_whole(self._csv(label), lambda p: frame.to_csv(p, index=False))
         index = self._index()
         index[label] = {
             "key": self.key(label, hyper),
@@ -106,7 +107,7 @@ class MethodStore:
             "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         text = json.dumps(index, indent=1, sort_keys=True)
-        _atomic_write(self.directory / "index.json", lambda p: p.write_text(text))
+        _write_whole(self.directory / "index.json", lambda p: p.write_text(text))
 
     def notes(self) -> list[str]:
         """One line for the outputs naming the methods loaded rather than played, if any."""
