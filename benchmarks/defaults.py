@@ -15,7 +15,8 @@ Printed per run: ``||grad F(x_K)|| / ||grad F(x_0)||`` (exact, ``bl.metrics.hype
 the FW gap for the Frank-Wolfe methods), whether it diverged, the chosen ``lr_outer``, and the
 seconds the tuning took as a share of the whole solve. Nothing passes or fails on time.
 
-Run: ``python benchmarks/defaults.py [--problems ridge logistic] [--solvers f2sa aid-cg]``.
+Run: ``python benchmarks/defaults.py [--problems ridge logistic] [--solvers f2sa aid-cg]
+[--batches full|mini]``.
 On a machine with many cores, one process per problem and solver (docs/step_sizes.md's table:
 16 cores, 153 s)::
 
@@ -163,12 +164,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS))
     parser.add_argument("--solvers", nargs="*", default=bl.solvers.names())
+    parser.add_argument(
+        "--batches",
+        choices=("both", "full", "mini"),
+        default="both",
+        help="the full-batch rows, the minibatch rows, or both (default)",
+    )
     args = parser.parse_args()
+    sizes = {"both": (None, True), "full": (None,), "mini": (True,)}[args.batches]
     print("problem   batch solver     ratio  run  lr_outer tune% seconds")
     for which in args.problems:
         build, batch = PROBLEMS[which]
         problem = build()
-        for batch_size in (None, batch):
+        for batch_size in (batch if b else None for b in sizes):
             for name in args.solvers:
                 size = batch if name in ("pzobo-s", "saba") else batch_size
                 line = run(problem, name, size)

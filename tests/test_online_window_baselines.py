@@ -11,6 +11,8 @@ Break checks (each made once by hand on 2026-11-25, then reverted; the tests nam
   at round 2.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -209,3 +211,30 @@ def test_window_ring_buffer_and_weights():
 def test_bad_window_settings_name_the_fix(name, kw, match):
     with pytest.raises(ValueError, match=match):
         bl.solvers.make(name, **kw)
+
+
+def test_the_stable_bound_reads_the_window_by_lag():
+    """``lr_outer="auto"`` of a windowed method sits below the stable bound of its round map
+    (``bilevel.solvers.online.auto``), whose Jacobian reads the ring buffer of stored
+    estimates by lag on both sides (``auto._by_lag``). Read back in ring order, the Jacobian
+    is the true one times a cyclic shift of the window, and SOBOW's bound with w = 3 on this
+    stream is 1.41 instead of 0.142 (measured 2026-11-28). The reference is the run itself:
+    0.9 times the bound tracks, 1.5 times it diverges. (1.15 times, the margin of F2OBO's test
+    in test_online_defaults.py, leaves the window's spectral radius at 1.025, a growth of 2e4
+    in 400 rounds, short of the driver's divergence test; at 1.5 times it is 1.079, 1e13.)
+    The stream is test_online_defaults.py's: outer level well conditioned, 400 rounds."""
+    stream = bl.problems.drifting_quadratic(
+        dx=2, dy=3, horizon=400, cond=3.0, rho_x=3.0, coupling=1.5, drift_inner=0.02,
+        drift_outer=0.02, seed=5,
+    )  # fmt: skip
+    resolved = bl.solvers.make("sobow", window=3).with_horizon(400).resolve(stream)
+    bound = resolved.stable_outer_step(stream).bound
+    assert 0.1 < bound < 0.2  # 0.142; read in ring order, 1.41
+
+    def play(factor):
+        solver = dataclasses.replace(resolved, lr_outer=factor * bound)
+        return bl.solve_online(stream, solver, progress=False, eval_every=40, check_step=False)
+
+    assert play(0.9).ok
+    with pytest.warns(bl.DivergenceWarning):
+        assert not play(1.5).ok

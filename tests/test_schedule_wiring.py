@@ -281,3 +281,41 @@ def test_state_counts_steps_in_int32_and_starts_an_optax_outer_state(name):
         return
     moments = [a for a in jax.tree.leaves(state.outer_state) if a.shape == (2,)]
     assert moments, f"{name}: no x-shaped leaf in the Adam state"
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENT_SOLVERS))
+def test_a_tail_decay_is_applied_from_its_start(name):
+    """``TailDecay(value, start, factor)``, the form of a tuned ``lr_outer`` on a run with
+    minibatches (``bilevel.drivers.tuning``, point 6), applies ``value`` before ``start`` and
+    ``factor * value`` from it, times the method's own decay: the plain step of the solver's
+    default law, read back at k, is multiplied by the factor from k = start on."""
+    problem = linear_problem()
+    plain = bl.solvers.make(name, lr_outer=0.05, **GRADIENT_SOLVERS[name]).resolve(problem)
+    tail = dataclasses.replace(plain, lr_outer=bl.schedules.TailDecay(0.05, 2.0, 0.1))
+    want = applied_steps(plain, problem, run_states(plain, problem))
+    got = applied_steps(tail, problem, run_states(tail, problem))
+    np.testing.assert_allclose(got, want * np.array([1.0, 1.0, 0.1, 0.1]), rtol=RTOL)
+
+
+CONSTANT_OR_DECAYING = [(n, h) for n, h in sorted(GRADIENT_SOLVERS.items())] + [
+    (name, hyper) for name, hyper, *_ in REGIMES
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "hyper"), CONSTANT_OR_DECAYING, ids=[n for n, _ in CONSTANT_OR_DECAYING]
+)
+def test_outer_step_decays_says_whether_the_applied_step_decays(name, hyper):
+    """``solver.outer_step_decays(problem)`` (which tells ``bl.solve`` to add no tail decay to
+    a tuned step) is true exactly where the x step the solver applies with a float
+    ``lr_outer`` shrinks over the first steps: the defaults and every decaying regime."""
+    problem = linear_problem()
+    solver = (
+        bl.solvers.make(name, lr_outer=0.05, k0=K0, **hyper)
+        if "regime" in hyper
+        else (bl.solvers.make(name, lr_outer=0.05, **hyper))
+    )
+    solver = solver.resolve(problem)
+    steps = applied_steps(solver, problem, run_states(solver, problem))
+    decays = bool(steps[-1] < steps[0] * (1 - 1e-6))
+    assert solver.outer_step_decays(problem) == decays, steps

@@ -61,6 +61,29 @@ def test_tuning_counts_are_in_the_history(quadratic, tuned_run):
     assert np.all(delta == tuning.oracle_calls)
 
 
+def test_with_minibatches_a_constant_step_takes_a_tenth_in_the_second_half():
+    """Point 6 of bilevel.drivers.tuning: on a run that draws minibatches, the tuned step of a
+    method with a constant outer step becomes ``TailDecay(value, steps / 2, 0.1)``, recorded in
+    ``res.tuning.tail`` and retraced by ``lr_outer=res.tuning.step``; a method whose own
+    schedule decays its step (F2SA) and a full-batch run keep the plain value."""
+    noisy = bl.problems.quadratic(dx=3, dy=5, stochastic=True, n_samples=64)
+    steps = 200
+    res = bl.solve(noisy, bl.solvers.make("stocbio", batch_size=16), steps=steps, progress=False)
+    tuning = res.tuning
+    assert tuning.tail == (100.0, 0.1) == (steps * tuning_module.TAIL_START, 0.1)
+    assert res.solver.lr_outer == tuning.step == bl.schedules.TailDecay(tuning.value, 100, 0.1)
+    assert "x0.1 from step 100 (minibatches)" in tuning.summary()
+    again = bl.solve(
+        noisy,
+        bl.solvers.make("stocbio", batch_size=16, lr_outer=tuning.step),
+        steps=steps,
+        progress=False,
+    )
+    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(res.x))
+    assert bl.tune(noisy, bl.solvers.make("f2sa", batch_size=16), steps).tail is None
+    assert bl.tune(noisy, bl.solvers.make("stocbio"), steps).tail is None  # full batches
+
+
 def test_same_seed_same_choice(quadratic, tuned_run):
     again = bl.tune(quadratic, "aid-cg", STEPS)
     assert again.value == tuned_run.tuning.value

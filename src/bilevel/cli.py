@@ -390,6 +390,7 @@ def _tuning_summary(tuning) -> dict | None:
     return {
         "summary": tuning.summary(),
         "value": tuning.value,
+        "tail": None if tuning.tail is None else list(tuning.tail),
         "grid": list(tuning.grid),
         "scores": [None if s == float("inf") else s for s in tuning.scores],
         "dropped": list(tuning.dropped),

@@ -32,6 +32,7 @@ so :func:`step_size` only does traced arithmetic on it: no Python ``if`` or ``fl
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "as_schedule",
     "check_step_size",
     "TracedSchedule",
+    "TailDecay",
 ]
 
 
@@ -73,6 +75,8 @@ def step_size(value: Any, k: Any, power: Any = 0.0, k0: Any = 1.0) -> jax.Array:
         A float array of the default float dtype; for a schedule, ``value(k)`` as it returns it
         (converting it could change the dtype a user's schedule chose for its steps).
     """
+    if isinstance(value, TailDecay):  # the tail factor times the method's own decay
+        return value.factor_at(k) * step_size(value.value, k, power, k0)
     if callable(value):
         return value(k)
     if isinstance(power, int | float) and power == 0:  # a constant: no decay factor to compute
@@ -140,3 +144,36 @@ class TracedSchedule(abc.ABC):
     @abc.abstractmethod
     def __call__(self, k: Any) -> jax.Array:
         """The step at iteration ``k``."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TailDecay(TracedSchedule):
+    r"""An outer step ``value`` that drops to ``factor * value`` from iteration ``start`` on, on
+    top of the method's own law: :func:`step_size` returns ``factor_at(k) * step_size(value, k,
+    power, k0)``, so a decaying regime keeps its decay.
+
+    ``bl.solve`` gives a tuned ``lr_outer`` this form on a run with minibatches
+    (:mod:`bilevel.drivers.tuning`, ``Tuning.tail``). Why: with a constant step the last iterate
+    of a stochastic method does not converge; it hovers around the solution at a distance that
+    grows with the step (for SGD with step eta on a mu-strongly convex function with gradient
+    noise sigma^2, E||x_k - x*||^2 -> O(eta sigma^2 / mu)), and the tuning, which picks the step
+    that makes the most progress in a short run, picks one whose noise floor is high. Dividing
+    the step by 10 for the second half lowers the floor (the classical "step decay" of SGD)
+    while the first half makes the progress. Measured on the defaults benchmark's minibatch
+    problems (``benchmarks/defaults.py``; docs/step_sizes.md). A traced leaf of the solver like
+    the other schedules here (a grid of steps compiles once).
+    """
+
+    value: Any
+    start: Any
+    factor: Any
+
+    def factor_at(self, k: Any) -> jax.Array:
+        """1 before ``start``, ``factor`` from ``start`` on."""
+        kf = jnp.asarray(k, dtype=jnp.result_type(float))
+        return jnp.where(kf < self.start, 1.0, self.factor)
+
+    def __call__(self, k: Any) -> jax.Array:
+        """The step at ``k`` with a constant law (what :func:`step_size` gives at power 0)."""
+        return step_size(self, k)

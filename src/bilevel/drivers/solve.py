@@ -90,7 +90,7 @@ def solve(
             is refused while the first is alive (docs/runs.md).
             With ``lr_outer="auto"`` the tuning runs again (deterministically) before the run
             resumes; its length follows ``steps``, so to extend a tuned run to more steps give
-            ``lr_outer=res.tuning.value`` (another tuning may choose another step, and the
+            ``lr_outer=res.tuning.step`` (another tuning may choose another step, and the
             checkpoint of a run with another step is refused).
         checkpoint_interval: minimum seconds between checkpoint writes (0 = every evaluation).
         progress: show progress on stderr: a bar (step count, rate, ETA) on a terminal, one
@@ -171,7 +171,7 @@ def _solve(problem, solver: Solver, plan: _Plan) -> tuple[Result, str | None]:
     # a tuned step whose run diverged or drifted: the next smaller candidate
     while stopped is None and (reason := _retry_reason(problem, result, tuning, plan)):
         tuning = tuning.retried(_smaller(tuning), spent, reason)
-        solver = dataclasses.replace(solver, lr_outer=tuning.value)
+        solver = dataclasses.replace(solver, lr_outer=tuning.step)
         result, stopped, spent = _attempt(problem, solver, tuning, plan)
     _note_tuning(result, tuning)
     return result, stopped
@@ -213,8 +213,8 @@ class _Plan(NamedTuple):
 
 
 def _attempt(problem, solver: Solver, tuning, plan: _Plan):
-    """One run of ``solver`` (``lr_outer`` a number): ``(result, signal or None, counter
-    totals spent)``."""
+    """One run of ``solver`` (``lr_outer`` a number or a schedule): ``(result, signal or None,
+    counter totals spent)``."""
     template, solver = solver, solver.resolve(problem)
     placed = parallel.replicate(problem, plan.mesh)  # the data on every device of the mesh
     state = init_states(solver, placed, plan.seeds, plan.init, mesh=plan.mesh)
@@ -323,7 +323,7 @@ def _tuned(problem, solver: Solver, steps: int, seed: int, init, settings: Progr
     if not needs_tuning(solver):
         return solver, None
     tuning = tune(problem, solver, steps, seed=seed, init=init, cpu_rewrites=settings.cpu_rewrites)
-    return dataclasses.replace(solver, lr_outer=tuning.value), tuning
+    return dataclasses.replace(solver, lr_outer=tuning.step), tuning
 
 
 def _smaller(tuning) -> float:

@@ -240,7 +240,7 @@ class Solver(abc.ABC):
             raise ValueError(
                 f"{type(self).__name__}({tuned[0]}='auto') is chosen by a short tuning run on "
                 f"the problem: bl.solve does it, or call tuning = bl.tune(problem, solver, "
-                f"steps) and use dataclasses.replace(solver, {tuned[0]}=tuning.value); or give "
+                f"steps) and use dataclasses.replace(solver, {tuned[0]}=tuning.step); or give "
                 f"{tuned[0]} as a number."
             )
         missing = [name for name in missing if name not in tuned]
@@ -264,6 +264,15 @@ class Solver(abc.ABC):
             step = auto_inner_step(problem, self.auto_inner_factor)
             return dataclasses.replace(self, lr_inner=step)
         return self
+
+    def outer_step_decays(self, problem: BilevelProblem) -> bool:
+        """Whether the method's own schedule already decays its outer step over the run (the
+        papers' decreasing regimes: F2SA's and F3SA's ``k^-a``, the ``1/(k + k0)`` of TTSA, BSA,
+        SOBA and STABLE's ``"strongly-convex"``). ``bl.solve`` adds no tail decay to a tuned
+        ``lr_outer`` of such a method (:class:`bilevel.core.schedules.TailDecay`). Constant
+        steps here; a method with a decaying regime overrides this."""
+        del problem
+        return False
 
     def with_horizon(self, steps: int) -> Solver:
         """This solver told the run's horizon K (``bl.solve`` calls it with ``steps``).

@@ -124,6 +124,13 @@ class ImplicitSolver(Solver):
         del k
         return self.adjoint()
 
+    def outer_step_decays(self, problem: BilevelProblem) -> bool:
+        """Whether the timing's step-size law decays ``alpha_k`` (its ``decay`` exponent of the
+        outer step is positive: TTSA, BSA, SOBA in their ``"strongly-convex"`` regime)."""
+        del problem
+        decay = self.timing().decay
+        return decay is not None and decay[0] > 0
+
     def step_sizes(self, k) -> tuple[Any, Any]:
         """``(alpha_k, beta_k)``: the outer and inner steps at iteration k, by the timing's
         step-size law (:meth:`Timing.step_sizes`)."""

@@ -213,6 +213,10 @@ class F2SA(Solver):
         a, c = F2SA_REGIMES[resolve_regime(self.regime, problem, self.batch_size)]
         return (a if self.a is None else self.a), (c if self.c is None else self.c)
 
+    def outer_step_decays(self, problem: BilevelProblem) -> bool:
+        """The x step decays as ``(k0/(k + k0))^a`` (Corollary 4.2), unless ``a = 0``."""
+        return self.exponents(problem)[0] > 0
+
     def schedule(self, problem: BilevelProblem, k) -> PenaltySchedule:
         a, c = self.exponents(problem)
         return penalty_schedule(

@@ -189,6 +189,7 @@ class F3SA(Solver):
     #: gamma_k, alpha_k = gamma_k / (lam_ratio lam_k), lam_k and the x step: F2SA's code, with
     #: this class's exponents and lam_ratio = 1
     schedule = F2SA.schedule
+    outer_step_decays = F2SA.outer_step_decays
 
     def momentum(self, problem: BilevelProblem, k):
         """eta_k of iteration k (:func:`momentum_weight` with this problem's c)."""

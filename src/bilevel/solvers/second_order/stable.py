@@ -292,6 +292,11 @@ class STABLE(Solver):
             names.remove("mu_g")
         return names
 
+    def outer_step_decays(self, problem: BilevelProblem) -> bool:
+        """alpha_k ~ 1/(K_0 + k) in the ``"strongly-convex"`` regime (Theorem 3, eq. (30a))."""
+        del problem
+        return self.regime != "constant"
+
     def step_sizes(self, k) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``(alpha_k, beta_k, tau_k)``: floats scaled by the regime's decay, schedules as given;
         ``tau=None`` is (k + 1)^(-1/2) ("constant") or k0 / (k0 + k) ("strongly-convex")."""
