@@ -309,3 +309,22 @@ def test_bad_options():
         bl.solvers.make("aid-cg", fp_lr=0.1)
     with pytest.raises(ValueError, match="inner_steps"):
         bl.solvers.make("itd", inner_steps=0)
+
+
+@pytest.mark.parametrize("name", ["aid-cg", "aid-fp"])
+def test_without_warm_start_every_inner_loop_starts_at_y0(quad, name):
+    """``warm_start=False``: the N inner steps of every outer step start from ``problem.y0``,
+    not from the previous y. After step k the inner iterate is N GD steps on g(x_k, .) from y0,
+    the closed form ``y* + (I - lr A)^N (y0 - y*)`` at the x the step started from."""
+    ref = quad.reference
+    solver = bl.solvers.make(
+        name, lr_outer=0.05, lr_inner=LR, inner_steps=3, warm_start=False
+    ).resolve(quad)
+    state = solver.init(quad, jax.random.PRNGKey(0))
+    step = jax.jit(solver.step)
+    y0 = np.asarray(quad.y0)
+    for _ in range(3):
+        x = np.asarray(state.x)
+        state = step(quad, state)
+        want, _ = _gd_closed_form(ref, x, y0, LR, 3)
+        np.testing.assert_allclose(np.asarray(state.y), want, rtol=1e-10, atol=1e-12)
