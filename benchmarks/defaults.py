@@ -171,12 +171,12 @@ def main() -> None:
         help="the full-batch rows, the minibatch rows, or both (default)",
     )
     args = parser.parse_args()
-    sizes = {"both": (None, True), "full": (None,), "mini": (True,)}[args.batches]
+    kinds = ("full", "mini") if args.batches == "both" else (args.batches,)
     print("problem   batch solver     ratio  run  lr_outer tune% seconds")
     for which in args.problems:
         build, batch = PROBLEMS[which]
         problem = build()
-        for batch_size in (batch if b else None for b in sizes):
+        for batch_size in (batch if kind == "mini" else None for kind in kinds):
             for name in args.solvers:
                 size = batch if name in ("pzobo-s", "saba") else batch_size
                 line = run(problem, name, size)

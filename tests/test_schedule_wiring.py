@@ -297,8 +297,9 @@ def test_a_tail_decay_is_applied_from_its_start(name):
     np.testing.assert_allclose(got, want * np.array([1.0, 1.0, 0.1, 0.1]), rtol=RTOL)
 
 
-CONSTANT_OR_DECAYING = [(n, h) for n, h in sorted(GRADIENT_SOLVERS.items())] + [
-    (name, hyper) for name, hyper, *_ in REGIMES
+#: every gradient solver with its defaults, then each decaying regime (with K0 as above)
+CONSTANT_OR_DECAYING = sorted(GRADIENT_SOLVERS.items()) + [
+    (name, {**hyper, "k0": K0}) for name, hyper, *_ in REGIMES
 ]
 
 
@@ -310,11 +311,7 @@ def test_outer_step_decays_says_whether_the_applied_step_decays(name, hyper):
     a tuned step) is true exactly where the x step the solver applies with a float
     ``lr_outer`` shrinks over the first steps: the defaults and every decaying regime."""
     problem = linear_problem()
-    solver = (
-        bl.solvers.make(name, lr_outer=0.05, k0=K0, **hyper)
-        if "regime" in hyper
-        else (bl.solvers.make(name, lr_outer=0.05, **hyper))
-    )
+    solver = bl.solvers.make(name, lr_outer=0.05, **hyper)
     solver = solver.resolve(problem)
     steps = applied_steps(solver, problem, run_states(solver, problem))
     decays = bool(steps[-1] < steps[0] * (1 - 1e-6))
