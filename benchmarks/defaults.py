@@ -155,7 +155,7 @@ def run(problem, name: str, batch_size) -> str:
     seconds = time.perf_counter() - t0
     ratio = measure(problem, res.x) / measure(problem, problem.x0)
     tuning = res.tuning
-    lr = f"{tuning.value:8.2g}" if tuning else "   paper"
+    lr = f"{tuning.value:8.2g}" if tuning else "    rule"  # IBCG's and SBFW's own step rules
     share = f"{tuning.seconds / seconds:5.0%}" if tuning else "    -"
     return f"{ratio:8.3f} {'ok' if res.ok else 'DIV':>4} {lr} {share} {seconds:6.1f}"
 

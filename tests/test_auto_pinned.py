@@ -44,6 +44,7 @@ import pytest
 import bilevel as bl
 from bilevel.analysis.diagnose import diagnose, outer_smoothness
 from bilevel.solvers.frank_wolfe.ibcg import LastIterateGamma
+from bilevel.solvers.frank_wolfe.sbfw import PAPER as SBFW_PAPER
 from bilevel.solvers.frank_wolfe.sbfw import sbfw_weights
 
 MU_G, L_G, L_F = 1.0, 10.0, 20.0
@@ -120,10 +121,7 @@ OFFLINE_RULES = {
     "pzobo": {"lr_inner": 1 / max(L_F, L_G)},  # Theorem 1: alpha <= 1/L, L = max(L_f, L_g)
     "pzobo-s": {"lr_inner": 2 / (max(L_F, L_G) + MU_G)},  # Theorem 2: 2/(L + mu_g)
     "saba": {"lr_inner": 1 / L_G},
-    "sbfw": {
-        "lr_inner": min(2 / (3 * MU_G), MU_G / (2 * L_G**2)),  # a_0 (App. G.1)
-        "neumann_lr": 1 / L_G,
-    },
+    "sbfw": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # not App. G.1's a_0 (PAPER's)
     "soba": {"lr_inner": 1 / L_G},
     "stable": {"lr_inner": 1 / L_G, "mu_g_init": 0.5 * MU_G},  # half of lambda_min at (x0, y0)
     "stocbio": {"lr_inner": 1 / L_G},
@@ -246,11 +244,12 @@ def test_ttsa_growing_neumann_length(offline):
 
 
 def test_sbfw_weights_start_from_a0(offline):
-    """App. G.1 at paper iteration k = steps + 1: rho_k = 2/k^(1/2), eta_k = 2/(k+1)^(3/4) (the
-    default lr_outer, eta_1 = 2/2^(3/4)), both clipped to 1, and delta_k = a_0/k^(1/2) with the
-    "auto" a_0 = min(2/(3 mu_g), mu_g/(2 L_g^2))."""
-    solver = bl.solvers.make("sbfw").resolve(offline)
+    """App. G.1 at paper iteration k = steps + 1 (``PAPER``'s settings): rho_k = 2/k^(1/2),
+    eta_k = 2/(k+1)^(3/4) (eta_1 = 2/2^(3/4)), both clipped to 1, and delta_k = a_0/k^(1/2)
+    with ``lr_inner="a0"`` resolved to a_0 = min(2/(3 mu_g), mu_g/(2 L_g^2))."""
+    solver = bl.solvers.make("sbfw", **SBFW_PAPER).resolve(offline)
     assert_rule(solver.lr_outer, 2 / 2**0.75, "eta_1")
+    assert solver.inner_power(offline) == 0.5
     a0 = min(2 / (3 * MU_G), MU_G / (2 * L_G**2))
     done = np.arange(12)
     k = done + 1.0

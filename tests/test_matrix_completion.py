@@ -294,6 +294,8 @@ def test_the_solvers_built_for_the_paper_protocol_get_exactly_those_values(paper
     assert sbfw.lr_inner == pytest.approx(min(2 / (3 * mu), mu / (2 * L_g**2)), rel=1e-12)
     assert sbfw.neumann_lr == pytest.approx(1 / L_g, rel=1e-12) and sbfw.neumann_start == 1
     assert sbfw.variant == "theory" and sbfw.max_neumann is None
+    # App. G.1's M and y-step decay, not the library's defaults (its series, a constant step)
+    assert sbfw.hessian_inverse == "neumann" and sbfw.inner_decay == 0.5
     assert ttsa.lr_inner == pytest.approx(0.25 * beta, rel=1e-12)
     assert ttsa.lr_outer == pytest.approx(alpha, rel=1e-6)
     assert (ttsa.neumann_steps, ttsa.hessian_inverse) == ("growing", "random")

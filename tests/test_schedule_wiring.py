@@ -189,18 +189,22 @@ def test_decaying_regimes_apply_their_power_laws_at_k(name, hyper, a, b, leaf):
     np.testing.assert_allclose(inner, lr_inner * decay**b, rtol=RTOL)
 
 
-def test_sbfw_theory_steps_are_applied_at_k():
-    """SBFW's defaults (IBCG paper App. G.1): ``eta_k = eta_1 (2/(k + 2))^(3/4)`` on x and
-    ``delta_k = a_0 / (k + 1)^(1/2)`` on y, read back from the updates."""
+@pytest.mark.parametrize("inner_decay", [0.5, "auto"])
+def test_sbfw_theory_steps_are_applied_at_k(inner_decay):
+    """SBFW's steps (IBCG paper App. G.1): ``eta_k = eta_1 (2/(k + 2))^(3/4)`` on x and
+    ``delta_k = a_0 / (k + 1)^(1/2)`` on y, read back from the updates; with the library's
+    default ``inner_decay="auto"`` and full batches, a constant ``delta_k = delta_1``."""
     problem = linear_problem(x_set=bl.sets.Box(-1.0, 1.0))
-    solver = bl.solvers.make("sbfw", lr_outer=0.4, lr_inner=0.2).resolve(problem)
+    solver = bl.solvers.make("sbfw", lr_outer=0.4, lr_inner=0.2, inner_decay=inner_decay)
+    solver = solver.resolve(problem)
     states = run_states(solver, problem)
     ks = np.arange(STEPS)
     np.testing.assert_allclose(
         applied_steps(solver, problem, states), 0.4 * (2 / (ks + 2)) ** 0.75, rtol=RTOL
     )
     inner = applied_steps(solver, problem, states, field="lr_inner", leaf="y")
-    np.testing.assert_allclose(inner, 0.2 / np.sqrt(ks + 1), rtol=RTOL)
+    power = 0.0 if inner_decay == "auto" else inner_decay
+    np.testing.assert_allclose(inner, 0.2 / (ks + 1.0) ** power, rtol=RTOL)
 
 
 def test_pzobo_meta_outer_schedule_is_applied_at_k():

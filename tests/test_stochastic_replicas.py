@@ -59,7 +59,7 @@ def _ball_lmo(d):
 
 
 # ---- SBFW --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hessian_inverse", ["neumann", "exact"])
+@pytest.mark.parametrize("hessian_inverse", ["neumann", "exact", "series"])
 def test_sbfw_replays_one_sample_at_both_points_of_its_momentum(hessian_inverse):
     """SBFW (IBCG paper, App. G.1): inner draw 0 feeds the y step at (x_{k-1}, y_{k-1}); outer
     draw 0 (both partials of f), inner draw 1 (every Hessian product of M, or the dense Hessian
@@ -68,7 +68,9 @@ def test_sbfw_replays_one_sample_at_both_points_of_its_momentum(hessian_inverse)
     third key of the split: the STORM-like d_k differences one sample at two points. Steps at
     paper k = 6, 7 (rho_k = 2/sqrt(k) < 1, so the old point's h matters), in a ball (its LMO
     is continuous in d). rtol 1e-11: the same float64 algebra in another order, a solve for
-    the exact variant."""
+    the exact variant. The default ``"series"`` (the random product's mean, N = 4 terms) uses
+    the same one Hessian draw for its N - 1 products; ``inner_decay=0.5`` here (the default
+    "auto" takes it with minibatches too: tests/test_sbfw.py)."""
     p = stochastic_quadratic(bl.sets.L2Ball(RADIUS))
     o = QuadraticOracles.of(p)
     eta_1, a_0, lr_neumann = 1.0, 0.2, 0.1
@@ -78,6 +80,7 @@ def test_sbfw_replays_one_sample_at_both_points_of_its_momentum(hessian_inverse)
         lr_inner=a_0,
         neumann_lr=lr_neumann,
         hessian_inverse=hessian_inverse,
+        neumann_steps=4,
         batch_size=BATCH,
     )
     state = moved(solver.init(p, jax.random.PRNGKey(11)), x=DX, x_prev=DX, y=DY, d=DX)
@@ -97,6 +100,10 @@ def test_sbfw_replays_one_sample_at_both_points_of_its_momentum(hessian_inverse)
             gx, gy = o.grads_f(x_, y_, rows_f)
             if hessian_inverse == "exact":
                 v = np.linalg.solve(o.hessian_yy(rows_hessian), gy)
+            elif hessian_inverse == "series":  # lr sum_{q<4} (I - lr H)^q gy, one Hessian draw
+                term, v = gy, np.zeros_like(gy)
+                for _ in range(4):
+                    v, term = v + lr_neumann * term, term - lr_neumann * o.hvp(rows_hessian, term)
             else:  # M's product (k/L_g) prod_{i<=l} (I - H/L_g), one Hessian sample for all l
                 v = gy
                 for _ in range(l):
@@ -115,7 +122,9 @@ def test_sbfw_replays_one_sample_at_both_points_of_its_momentum(hessian_inverse)
         before = state.counts._asdict()
         assert used["samples_inner"] - before["samples_inner"] == 3 * BATCH
         assert used["samples_outer"] - before["samples_outer"] == BATCH
-        kind, calls = ("dense", 2) if hessian_inverse == "exact" else ("hvp", 2 * l)
+        kind, calls = {"exact": ("dense", 2), "series": ("hvp", 2 * 3)}.get(
+            hessian_inverse, ("hvp", 2 * l)
+        )
         assert used[kind] - before[kind] == calls
         state = new
 

@@ -43,6 +43,7 @@ from bilevel.experiments.common import (
 from bilevel.experiments.protocols import OURS, PAPER, Protocol, Sourced
 from bilevel.problems.matrix_completion import matrix_completion
 from bilevel.solvers.frank_wolfe.sbfw import ETA_1
+from bilevel.solvers.frank_wolfe.sbfw import PAPER as SBFW_PAPER
 
 FULL = dict(
     n=250,
@@ -62,11 +63,15 @@ QUICK = dict(
     grid={"lr_outer": [0.01, 0.1], "lr_inner": [0.3, 0.9]},
     evaluations=20,
 )
-#: solver and fixed options per method of the tuned-summed protocol: TTSA as the IBCG paper
-#: runs it (App. G.1: growing Neumann length, random product length p, the literal estimator)
+#: solver and fixed options per method of the tuned-summed protocol: SBFW's M and TTSA as the
+#: IBCG paper runs them (App. G.1: SBFW's random product, not the library's default series;
+#: TTSA's growing Neumann length, random product length p, the literal estimator)
 METHODS = {
     "IBCG": ("ibcg", {"gamma_rule": "nonconvex"}),
-    "SBFW": ("sbfw", {}),
+    "SBFW": (
+        "sbfw",
+        {k: SBFW_PAPER[k] for k in ("inner_decay", "hessian_inverse", "neumann_start")},
+    ),
     "TTSA": ("ttsa", {"neumann_steps": "growing", "hessian_inverse": "random"}),
 }
 #: the second protocol's name
@@ -249,7 +254,9 @@ def paper_hypers(problem, protocol: Protocol = PAPER_PROTOCOL) -> dict[str, tupl
         lr_outer=protocol["SBFW eta factor"] * ETA_1,
         lr_inner=min(2.0 / (3.0 * mu), mu / (2.0 * L_g**2)),
         neumann_lr=1.0 / L_g,
-        neumann_start=1,
+        inner_decay=SBFW_PAPER["inner_decay"],
+        hessian_inverse=SBFW_PAPER["hessian_inverse"],
+        neumann_start=SBFW_PAPER["neumann_start"],
     )
     ttsa = dict(
         lr_outer=alpha,

@@ -37,6 +37,7 @@ from bilevel.experiments.protocols import PAPER as PAPER_NAME
 from bilevel.experiments.report import _save, mean_std
 from bilevel.experiments.stable_hpo import as_run
 from bilevel.solvers.frank_wolfe.ibcg import ADJOINT_FRACTION
+from bilevel.solvers.frank_wolfe.sbfw import PAPER as SBFW_PAPER
 
 #: "converges": final F_gap below TOL and at least DROP times below its start (the last iterate,
 #: which Theorem 4.1 bounds); TAIL: the share of the last steps whose F_gap range is reported
@@ -118,21 +119,22 @@ def settings(quick: bool, seeds: int | None = None) -> dict:
 def figures_of(s: dict) -> dict:
     """Per figure, its mu_g and its methods ``(label, solver, hyperparameters)``."""
     ibcg = ("IBCG", "ibcg", {"gamma_rule": s["IBCG gamma"], "w0": s["IBCG w_0"]})
-    exact = {"hessian_inverse": s["SBFW with Hessian inverse (Figs. 3, 4)"]}
-    tuned = {"variant": s["SBFW tuned (Fig. 4)"]}
+    sbfw = dict(SBFW_PAPER)  # App. G.1's steps and M (the library's defaults differ)
+    exact = dict(sbfw, hessian_inverse=s["SBFW with Hessian inverse (Figs. 3, 4)"])
+    tuned = dict(sbfw, variant=s["SBFW tuned (Fig. 4)"])
     mu = dict(zip(("fig1", "fig3", "fig4"), s["mu_g (Figs. 1, 3, 4)"], strict=True))
     return {
-        "fig1": (mu["fig1"], [ibcg, ("SBFW", "sbfw", {})]),
+        "fig1": (mu["fig1"], [ibcg, ("SBFW", "sbfw", sbfw)]),
         "fig3": (
             mu["fig3"],
-            [ibcg, ("SBFW", "sbfw", {}), ("SBFW (Hessian inverse)", "sbfw", exact)],
+            [ibcg, ("SBFW", "sbfw", sbfw), ("SBFW (Hessian inverse)", "sbfw", exact)],
         ),
         "fig4": (
             mu["fig4"],
             [
                 ibcg,
                 ("SBFW tuned", "sbfw", tuned),
-                ("SBFW tuned (Hessian inverse)", "sbfw", dict(tuned, **exact)),
+                ("SBFW tuned (Hessian inverse)", "sbfw", dict(exact, variant=tuned["variant"])),
             ],
         ),
     }
@@ -261,7 +263,9 @@ def run_figures(
 def setting(problems: dict) -> dict:
     """What the protocol's rules give on this toy: its L_g and SBFW's a_0, read off the
     problems (every other setting is in the protocol's table)."""
-    a0 = {mu: bl.solvers.make("sbfw").resolve(p).lr_inner for mu, p in problems.items()}
+    a0 = {
+        mu: bl.solvers.make("sbfw", lr_inner="a0").resolve(p).lr_inner for mu, p in problems.items()
+    }
     L_g = {
         mu: np.linalg.eigvalsh(p.reference.A.T @ p.reference.A)[-1] for mu, p in problems.items()
     }
@@ -291,7 +295,8 @@ def long_run(problem, log) -> pd.DataFrame:
     """Fig. 4's tuned SBFW with Hessian inverse for LONG_STEPS steps (deterministic: 1 seed)."""
     t0 = time.perf_counter()
     tuned, exact = PAPER_PROTOCOL["SBFW tuned (Fig. 4)"], "SBFW with Hessian inverse (Figs. 3, 4)"
-    solver = bl.solvers.make("sbfw", variant=tuned, hessian_inverse=PAPER_PROTOCOL[exact])
+    hyper = dict(SBFW_PAPER, variant=tuned, hessian_inverse=PAPER_PROTOCOL[exact])
+    solver = bl.solvers.make("sbfw", **hyper)
     res = bl.solve(problem, solver, steps=LONG_STEPS, eval_every=LONG_EVERY, progress=False)
     log(f"  tuned SBFW (Hessian inverse), {LONG_STEPS} steps: {time.perf_counter() - t0:.1f} s")
     return res.history

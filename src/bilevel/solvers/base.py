@@ -145,6 +145,8 @@ class Solver(abc.ABC):
     #: the ``lr_*`` fields that may be ``"auto"`` (filled in by :meth:`resolve`, or, for those
     #: in ``tuned_step_sizes``, by a short tuning run of ``bl.solve`` / ``bl.tune``)
     auto_step_sizes: ClassVar[tuple[str, ...]] = ("lr_outer", "lr_inner")
+    #: the words ``lr_inner`` takes in place of a number (SBFW adds its paper's ``"a0"``)
+    lr_inner_rules: ClassVar[tuple[str, ...]] = ("auto",)
     #: the ``"auto"`` fields chosen by a tuning run on the user's problem
     #: (:mod:`bilevel.drivers.tuning`) rather than by a rule of :meth:`resolve`; a method whose
     #: ``lr_outer="auto"`` is a rule of its paper (IBCG's gamma from the horizon) sets ``()``
@@ -190,15 +192,18 @@ class Solver(abc.ABC):
         """The checks of every solver's common fields, then the subclass's :meth:`validate`."""
         for fld in dataclasses.fields(self):
             value = getattr(self, fld.name)
-            if fld.name == "lr_inner" and isinstance(value, str) and value != "auto":
+            words = self.lr_inner_rules if fld.name == "lr_inner" else ("auto",)
+            if fld.name == "lr_inner" and isinstance(value, str) and value not in words:
+                more = [repr(word) for word in words if word != "auto"]
                 raise ValueError(
                     f"{type(self).__name__}(lr_inner={value!r}) is not a step size: use a "
-                    "positive float, a schedule k -> step, or 'auto' (1/L_g from bl.diagnose)."
+                    "positive float, a schedule k -> step, or 'auto' (1/L_g from bl.diagnose)"
+                    + (f", or {' or '.join(more)} (see its docstring)." if more else ".")
                 )
             if value is None and fld.name in self.optional_step_sizes:
                 continue
             if fld.name.startswith("lr_") and not (
-                fld.name in self.auto_step_sizes and _is_auto(value)
+                fld.name in self.auto_step_sizes and isinstance(value, str) and value in words
             ):
                 check_step_size(value, f"{type(self).__name__}({fld.name}=...)")
         bs = getattr(self, "batch_size", None)
