@@ -15,6 +15,7 @@ import pytest
 
 import bilevel as bl
 from bilevel.drivers import tuning as tuning_module
+from bilevel.drivers import tuning_runs as runs
 from bilevel.experiments.common import paper_solver
 
 STEPS = 600
@@ -162,6 +163,47 @@ def test_all_dropped_names_lr_inner():
         _decide([math.inf] * 3, ["diverged"] * 3)
 
 
+def _raw_trial(grid, reached, reasons, final_F, start_F=1.0):
+    """A sweep as ``trial`` builds it before judging: each candidate's own drop reason, the
+    score it reached and its final exact F."""
+    counts = dict.fromkeys(("samples", "oracle_calls", *bl.oracles.Counts._fields), 0)
+    scores = [math.inf if r else v for v, r in zip(reached, reasons, strict=True)]
+    return tuning_module.Trial(tuple(grid), scores, 1.0, list(reasons), counts, list(reasons),
+                               list(reached), list(final_F), start_F)  # fmt: skip
+
+
+def test_an_extended_grid_is_judged_with_the_first():
+    """Measured on a digits 3-vs-8 logistic regression with one log-penalty (F2SA, full batch):
+    the first grid's best was its largest (100), so the grid was extended upwards, and there
+    every candidate ran to x = -37 ... -118, where exp(x) vanishes: ||grad F|| 3e-4 ... 7e-150,
+    F above its start (no progress). Judged alone, the extension kept them (no candidate of
+    its own improved) and 1e3 was chosen; its run diverged, as did the retry's. Judged with
+    the first grid, they stay dropped, and so does an extension candidate whose F is behind
+    the first grid's best."""
+    first = runs.settle(
+        _raw_trial([1.0, 10.0, 100.0], [0.02, 0.013, 0.006], ["", "", ""], [0.08, 0.064, 0.077])
+    )
+    assert first.dropped == ["", "", ""]
+    upper = runs.settle(  # as trial() returns it: judged alone
+        _raw_trial([316.0, 1e3, 3e3], [3e-4, 3e-39, 7e-150], ["no progress"] * 3, [4.4] * 3)
+    )
+    assert upper.dropped == ["", "", ""]  # alone: none improved, all kept
+    merged = runs.merge([first, upper])
+    assert merged.grid == (1.0, 10.0, 100.0, 316.0, 1e3, 3e3)
+    assert merged.dropped == ["", "", ""] + ["no progress"] * 3
+    assert tuning_module._decide(merged, bl.solvers.make("f2sa"), "grad_norm", 50, 0.0).value < 316
+    # kept by its own run, but its F is far behind the first grid's best: dropped in the union
+    behind = runs.settle(_raw_trial([316.0], [1e-9], [""], [0.9]))
+    assert behind.dropped == [""]
+    assert runs.merge([first, behind]).dropped == ["", "", "", "F behind"]
+    # no candidate of either grid improved: the stable ones are kept, scored as they reached
+    stuck = runs.merge([
+        runs.settle(_raw_trial([1.0, 10.0], [0.5, 0.4], ["no progress", "diverged"], [1.1, 1.2])),
+        runs.settle(_raw_trial([1e-4], [0.6], ["no progress"], [1.05])),
+    ])  # fmt: skip
+    assert stuck.dropped == ["", "", "diverged"] and stuck.scores[:2] == [0.6, 0.5]
+
+
 # ---- where "auto" may not go -----------------------------------------------------------------
 def test_init_without_tuning_says_how(quadratic):
     solver = bl.solvers.make("stocbio").resolve(quadratic)
@@ -215,6 +257,21 @@ def _fake_tuning(value, grid, scores):
         score="grad_norm", start_score=2.0, steps=10, samples=0, oracle_calls=0,
         counts=dict.fromkeys(bl.oracles.Counts._fields, 0), seconds=0.0, largest_stable=value,
     )  # fmt: skip
+
+
+def test_a_retry_skips_candidates_that_diverged_in_the_tuning():
+    """The retry's (and the message's) next smaller step is one the tuning run found stable:
+    on the digits logistic regression of ``test_an_extended_grid_is_judged_with_the_first``,
+    31.6 had diverged within the tuning's 150 steps, yet the message proposed it."""
+    from bilevel.drivers.solve import _smaller
+
+    grid = (1.0, 10.0, 31.6, 100.0)
+    tuning = dataclasses.replace(
+        _fake_tuning(100.0, grid, (0.02, 0.013, math.inf, 0.006)),
+        dropped=("", "", "diverged", ""),
+    )
+    assert _smaller(tuning) == 10.0
+    assert _smaller(dataclasses.replace(tuning, value=1.0)) == 0.1  # none below: a tenth
 
 
 def test_a_run_that_ends_worse_than_its_tuning_run_is_retried_smaller(quadratic, monkeypatch):

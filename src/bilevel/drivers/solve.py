@@ -327,8 +327,13 @@ def _tuned(problem, solver: Solver, steps: int, seed: int, init, settings: Progr
 
 
 def _smaller(tuning) -> float:
-    """The candidate below the chosen one (a tenth of it when it was the smallest)."""
-    below = [v for v in tuning.grid if v < tuning.value]
+    """The next smaller candidate that did not diverge in the tuning run (one that did would
+    diverge in the longer run too), or a tenth of the value when there is none."""
+    dead = ("diverged", "not finite")
+    below = [
+        v for v, why in zip(tuning.grid, tuning.dropped, strict=True)
+        if v < tuning.value and why not in dead
+    ]  # fmt: skip
     return below[-1] if below else tuning.value / 10
 
 

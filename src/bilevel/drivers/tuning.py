@@ -26,6 +26,10 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    ``F(x0) - min F`` (a run into a region where the gradient vanishes has a small
    ``||grad F||`` but no better point). When every candidate is dropped the grid is
    extended once downwards (``10^-8.5 ... 10^-3.5``); when the largest is the best, once upwards.
+   An extension is judged together with the first grid (``tuning_runs.merge``): measured on a
+   digits 3-vs-8 logistic regression with one log-penalty, every candidate above 100 ran x to
+   -37 ... -118, where exp(x) vanishes, ``||grad F||`` to 7e-150 and F above its start; judged
+   on its own, the extension kept them for lack of a better candidate among themselves.
 4. **Choice**: the best-scoring candidate among the *safe* ones, those whose next larger
    candidate was kept too (a step at the edge of stability in a short run can diverge later in
    the run), or the next larger safe one when that scores within :data:`NEAR` (1.5x) of the
@@ -37,8 +41,8 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    everything: with minibatches, stability depends on the draws), or *drifts* (:func:`drifted`:
    its gradient-type score ends above what the tuning run of the same step reached, e.g. a
    single-loop method whose inner iterate falls behind as the inner problem grows
-   ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate,
-   at most twice (:attr:`Tuning.retries`, :attr:`Tuning.retry_reasons`; not with a checkpoint,
+   ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate
+   that did not diverge in the tuning run, at most twice (:attr:`Tuning.retries`, :attr:`Tuning.retry_reasons`; not with a checkpoint,
    whose run would change under it). The earlier runs' samples and oracle calls are counted
    too. (Halving the step instead was measured worse: off the grid there is no tuning score
    to judge a drift by.)
@@ -78,7 +82,7 @@ import pandas as pd
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import TailDecay
-from bilevel.drivers.tuning_runs import Trial, final_score, scoring_problem, trial
+from bilevel.drivers.tuning_runs import Trial, final_score, merge, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
 __all__ = [
@@ -327,7 +331,7 @@ def tune(
             trials.append(
                 trial(scoring, solver, GRID_ABOVE, n, seed, init, cpu_rewrites, score_name)
             )
-    merged = _merge(trials)
+    merged = merge(trials)
     seconds = time.perf_counter() - t0
     tuning = _decide(merged, solver, score_name, n, seconds)
     return dataclasses.replace(tuning, tail=tail_decay(problem, solver, steps))
@@ -335,23 +339,6 @@ def tune(
 
 def _best(trial: Trial) -> int:
     return int(np.argmin(trial.scores))
-
-
-def _merge(trials: list[Trial]) -> Trial:
-    """The trials' candidates in one increasing grid."""
-    if len(trials) == 1:
-        return trials[0]
-    pairs = sorted(
-        (v, s, d) for t in trials for v, s, d in zip(t.grid, t.scores, t.dropped, strict=True)
-    )
-    counts = {k: sum(t.counts[k] for t in trials) for k in trials[0].counts}
-    return Trial(
-        tuple(p[0] for p in pairs),
-        [p[1] for p in pairs],
-        trials[0].start,
-        [p[2] for p in pairs],
-        counts,
-    )
 
 
 def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: float) -> Tuning:

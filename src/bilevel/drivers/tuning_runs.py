@@ -24,6 +24,8 @@ __all__ = [
     "EXACT_MAX_DIM",
     "EVALUATIONS",
     "BEHIND",
+    "settle",
+    "merge",
 ]
 
 #: the exact score needs a dense inner Hessian per candidate: only for y of at most this size
@@ -36,13 +38,22 @@ BEHIND = 0.1
 
 @dataclasses.dataclass
 class Trial:
-    """One sweep over candidates: per candidate its score, start score, drop reason, counts."""
+    """Sweeps over candidates: per candidate its score, start score, drop reason, counts.
+
+    ``reasons`` (why each candidate's own run disqualifies it: diverged, not finite, no
+    progress, or ``""``), ``reached`` (its score, dropped or not; ``inf`` where it diverged),
+    ``final_F`` (its exact F at the end, where known) and ``start_F`` are what :func:`settle`
+    judges the candidates by, over every sweep of one tuning together (:func:`merge`)."""
 
     grid: tuple[float, ...]
     scores: list[float]
     start: float
     dropped: list[str]
     counts: dict[str, int]
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    reached: list[float] = dataclasses.field(default_factory=list)
+    final_F: list[float] | None = None
+    start_F: float | None = None
 
 
 def scoring_problem(problem: BilevelProblem) -> tuple[BilevelProblem, str]:
@@ -114,7 +125,7 @@ def trial(problem, solver, candidates, n, seed, init, cpu_rewrites, score_name) 
     )
     dead = {d["lr_outer"] for d in df.attrs.get("diverged", [])}
     df = _seed_means(df)
-    scores, dropped = [], []
+    reached, dropped, final_F = [], [], []
     counts = {k: 0 for k in ("samples", "oracle_calls", *Counts._fields)}
     start = math.inf
     for value in candidates:
@@ -126,17 +137,62 @@ def trial(problem, solver, candidates, n, seed, init, cpu_rewrites, score_name) 
         reason = _drop_reason(rows, value in dead, score_name, n)
         dropped.append(reason)
         tail = rows[score_name].iloc[-2:] if len(rows) > 2 else rows[score_name].iloc[-1:]
-        scores.append(math.inf if reason else float(np.mean(tail)))
-    if "F" in df:  # a flat region far away has a small gradient too: F must be near the best
-        _drop_behind(df, candidates, scores, dropped)
-    if all(dropped) and not all(d in ("diverged", "not finite") for d in dropped):
+        reached.append(math.inf if reason in DEAD else float(np.mean(tail)))
+        final_F.append(float(rows["F"].iloc[-1]) if "F" in rows else math.nan)
+    known = "F" in df
+    start_F = float(df.sort_values("step")["F"].iloc[0]) if known else None
+    scores = [math.inf if d else r for d, r in zip(dropped, reached, strict=True)]
+    raw = Trial(tuple(candidates), scores, start, dropped, counts, list(dropped), reached,
+                final_F if known else None, start_F)  # fmt: skip
+    return settle(raw)
+
+
+#: drop reasons of a candidate whose run did not finish with finite scores
+DEAD = ("diverged", "not finite")
+
+
+def settle(trial: Trial) -> Trial:
+    """The candidates judged together (module docstring of :mod:`bilevel.drivers.tuning`,
+    point 3): those whose exact F is behind the best are dropped (:func:`_drop_behind`), and
+    when no candidate improved on the start, the stable ones are kept, scored as they are.
+    Judged on every sweep of a tuning at once (:func:`merge`): a grid extended upwards whose
+    new candidates all ran into a flat region far away must not keep them for lack of a
+    better one among themselves."""
+    base = trial.reasons
+    scores = [math.inf if d else r for d, r in zip(base, trial.reached, strict=True)]
+    dropped = list(base)
+    if trial.final_F is not None:  # a flat region far away has a small gradient too
+        _drop_behind(trial.final_F, trial.start_F, scores, dropped)
+    if all(dropped) and not all(d in DEAD for d in dropped):
         # no candidate improved: keep the stable ones, scored as they are
-        for i, value in enumerate(candidates):
-            if dropped[i] == "no progress":
-                rows = df[df["lr_outer"] == value].sort_values("step")
-                scores[i] = float(np.mean(rows[score_name].iloc[-2:]))
-                dropped[i] = ""
-    return Trial(tuple(candidates), scores, start, dropped, counts)
+        for i, d in enumerate(base):
+            if d == "no progress":
+                scores[i], dropped[i] = trial.reached[i], ""
+    return dataclasses.replace(trial, scores=scores, dropped=dropped)
+
+
+def merge(trials: list[Trial]) -> Trial:
+    """The trials' candidates in one increasing grid, judged together (:func:`settle`)."""
+    if len(trials) == 1:
+        return trials[0]
+    order = sorted((v, t, i) for t, trial in enumerate(trials) for i, v in enumerate(trial.grid))
+
+    def pick(field):
+        return [getattr(trials[t], field)[i] for _, t, i in order]
+
+    known = all(t.final_F is not None for t in trials)
+    merged = Trial(
+        grid=tuple(v for v, _, _ in order),
+        scores=pick("scores"),
+        start=trials[0].start,
+        dropped=pick("dropped"),
+        counts={k: sum(t.counts[k] for t in trials) for k in trials[0].counts},
+        reasons=pick("reasons"),
+        reached=pick("reached"),
+        final_F=pick("final_F") if known else None,
+        start_F=trials[0].start_F,
+    )
+    return settle(merged)
 
 
 def _seed_means(df: pd.DataFrame) -> pd.DataFrame:
@@ -154,19 +210,14 @@ def _seed_means(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _drop_behind(df: pd.DataFrame, candidates, scores: list, dropped: list) -> None:
+def _drop_behind(final: list[float], start: float, scores: list, dropped: list) -> None:
     """Drop (in place) the kept candidates whose final exact F is behind the best one's by more
-    than :data:`BEHIND` of the best decrease F(x0) - min F: a candidate that ran into a region
-    where the gradient vanishes (a penalty exp(x_j) -> 0 as x_j -> -inf) scores a small
-    ``||grad F||`` without having found a better point."""
-    final = []
-    for value in candidates:
-        rows = df[df["lr_outer"] == value].sort_values("step")
-        final.append(float(rows["F"].iloc[-1]))
+    than :data:`BEHIND` of the best decrease F(x0) - min F (``start`` = F(x0)): a candidate that
+    ran into a region where the gradient vanishes (a penalty exp(x_j) -> 0 as x_j -> -inf)
+    scores a small ``||grad F||`` without having found a better point."""
     kept = [i for i, d in enumerate(dropped) if not d]
     if not kept:
         return
-    start = float(df.sort_values("step")["F"].iloc[0])
     best = min(final[i] for i in kept)
     for i in kept:
         if final[i] - best > BEHIND * max(start - best, 0.0):

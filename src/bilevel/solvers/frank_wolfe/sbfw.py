@@ -137,7 +137,8 @@ class SBFW(FrankWolfeSolver):
         inner(1)    every Hessian product of M, in both h (the dense Hessian with "exact")
         inner(2)    the cross product of both h
         outer(0)    both partials of f, in both h
-        third key   l, the same for both h
+        third key   l, the same for both h (``"neumann"`` only: the series and the exact
+                    inverse draw no length)
 
     The Neumann part of M, with ``s = neumann_start``, draws ``l ~ U{s..k-1+s}`` and has mean
     ``(1/L_g) sum_{l=s}^{k-1+s} (I - H/L_g)^l`` (H = d2g/dy2). With ``s = 1`` (the default: the
