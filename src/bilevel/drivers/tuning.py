@@ -42,10 +42,10 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    its gradient-type score ends above what the tuning run of the same step reached, e.g. a
    single-loop method whose inner iterate falls behind as the inner problem grows
    ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate
-   that did not diverge in the tuning run, at most twice (:attr:`Tuning.retries`, :attr:`Tuning.retry_reasons`; not with a checkpoint,
-   whose run would change under it). The earlier runs' samples and oracle calls are counted
-   too. (Halving the step instead was measured worse: off the grid there is no tuning score
-   to judge a drift by.)
+   that did not diverge in the tuning run, at most twice (:attr:`Tuning.retries`,
+   :attr:`Tuning.retry_reasons`; not with a checkpoint, whose run would change under it).
+   The earlier runs' samples and oracle calls are counted too. (Halving the step instead was
+   measured worse: off the grid there is no tuning score to judge a drift by.)
 
 6. **The second half, with minibatches**: a constant step leaves the last iterate of a
    stochastic method at a noise floor that grows with the step, and the tuning picks the step
