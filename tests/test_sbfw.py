@@ -332,3 +332,25 @@ def test_defaults_converge_where_the_papers_settings_stall(problem):
     toy = bl.problems.coreset_toy(mu_g=0.1)
     res = bl.solve(toy, bl.solvers.make("sbfw"), 1000, eval_every=1000, progress=False, seed=0)
     assert float(res.history.F_gap.iloc[-1]) < 1e-3
+
+
+def test_auto_steps_refuse_an_inner_problem_that_is_not_strongly_convex():
+    """``"auto"`` and ``"a0"`` are built from mu_g and L_g: on g flat along y[2] (Hessian
+    diag(1, 2, 0)) the error names what needs them and what to give instead."""
+
+    def g(x, y, batch):
+        return 0.5 * y[0] ** 2 + y[1] ** 2 + 0.0 * y[2] - x @ y
+
+    flat = bl.BilevelProblem(
+        outer=lambda x, y, b: jnp.sum(y**2), inner=g, x0=jnp.zeros(3), y0=jnp.zeros(3),
+        x_set=bl.sets.Box(-1.0, 1.0),
+    )  # fmt: skip
+    for lr_inner in ("auto", "a0"):
+        with (
+            pytest.warns(bl.NotStronglyConvexWarning),
+            pytest.raises(
+                ValueError,
+                match=r"SBFW's 'auto' steps need mu_g and L_g.*give lr_inner and neumann_lr",
+            ),
+        ):
+            bl.solvers.make("sbfw", lr_inner=lr_inner).resolve(flat)

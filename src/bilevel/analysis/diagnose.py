@@ -204,10 +204,11 @@ def strong_convexity(problem: BilevelProblem, needs: str, instead: str) -> tuple
         instead: what the user can give instead, the end of the error message.
 
     Raises:
-        ValueError: when the estimate is not strongly convex (mu_g <= 0 or L_g < mu_g).
+        ValueError: when the estimate is not strongly convex (mu_g <= 1e-10 L_g, or L_g < mu_g).
     """
     d = diagnose(problem)
-    if not (d.mu_g > 0 and d.L_g >= d.mu_g):
+    # relative to L_g, as the warning judges it: a rounding-sized mu_g is no strong convexity
+    if not (d.strongly_convex and d.L_g >= d.mu_g):
         raise ValueError(
             f"{needs}, but bl.diagnose estimated mu_g = {d.mu_g:.3g}, L_g = {d.L_g:.3g} at "
             f"(x0, y0): g is not strongly convex there; {instead}."
