@@ -259,6 +259,16 @@ def test_sbfw_weights_start_from_a0(offline):
     np.testing.assert_allclose(delta, a0 / np.sqrt(k), rtol=RTOL)
 
 
+def test_sbfw_a0_where_l_g_is_below_one():
+    """``a_0 = min{2/(3 mu_g), mu_g/(2 L_g^2)}``: the second term is the smaller whenever
+    mu_g <= L_g, so with L_g >= 1 a changed first term is invisible; at mu_g = 0.1, L_g = 0.2
+    a first term shrunk to 2 mu_g/3 or 6 mu_g would win the min (a_0 = 1.25 against 0.067)."""
+    small = _problem(inner_eigenvalues=(0.1, 0.15, 0.2))
+    solver = bl.solvers.make("sbfw", **SBFW_PAPER).resolve(small)
+    assert_rule(solver.lr_inner, min(2 / (3 * 0.1), 0.1 / (2 * 0.2**2)), "a_0")  # 1.25
+    assert_rule(solver.neumann_lr, 1 / 0.2, "1/L_g")
+
+
 @pytest.mark.parametrize("regime", ["constant", "strongly-convex"])
 def test_stable_tau_and_steps(regime, offline):
     """``tau=None``: tau_k = (k + 1)^(-1/2) under "constant" (Theorem 2's order), k0/(k0 + k)
