@@ -40,6 +40,7 @@ from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
 from bilevel.drivers.run_lock import RunLock
 from bilevel.drivers.tuning import drifted, needs_tuning, tune
+from bilevel.drivers.tuning_runs import DEAD
 from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 
@@ -329,10 +330,9 @@ def _tuned(problem, solver: Solver, steps: int, seed: int, init, settings: Progr
 def _smaller(tuning) -> float:
     """The next smaller candidate that did not diverge in the tuning run (one that did would
     diverge in the longer run too), or a tenth of the value when there is none."""
-    dead = ("diverged", "not finite")
     below = [
         v for v, why in zip(tuning.grid, tuning.dropped, strict=True)
-        if v < tuning.value and why not in dead
+        if v < tuning.value and why not in DEAD
     ]  # fmt: skip
     return below[-1] if below else tuning.value / 10
 

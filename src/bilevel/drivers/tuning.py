@@ -82,7 +82,7 @@ import pandas as pd
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import TailDecay
-from bilevel.drivers.tuning_runs import Trial, final_score, merge, scoring_problem, trial
+from bilevel.drivers.tuning_runs import DEAD, Trial, final_score, merge, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
 __all__ = [
@@ -249,18 +249,13 @@ def drifted(problem: BilevelProblem, result, tuning: Tuning, seed_axis: bool) ->
     if not np.isfinite(reference):
         return False
     final = final_score(problem, result, tuning.score, seed_axis)
-    noisy = draws_minibatches(problem, result.solver)
+    noisy = result.solver.draws_minibatches(problem)
     return bool(final > (DRIFT_NOISY if noisy else DRIFT) * reference)
-
-
-def draws_minibatches(problem: BilevelProblem, solver: Solver) -> bool:
-    """Whether a run of ``solver`` on ``problem`` draws minibatches (its steps are noisy)."""
-    return problem.stochastic and getattr(solver, "batch_size", None) is not None
 
 
 def tail_decay(problem: BilevelProblem, solver: Solver, steps: int) -> tuple[float, float] | None:
     """``Tuning.tail`` of a run of ``steps`` (module docstring, point 6)."""
-    if not draws_minibatches(problem, solver) or solver.outer_step_decays(problem):
+    if not solver.draws_minibatches(problem) or solver.outer_step_decays(problem):
         return None
     return float(math.floor(TAIL_START * steps)), TAIL_FACTOR
 
@@ -354,7 +349,7 @@ def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: floa
     # a candidate whose next larger one was dropped is at the edge of stability: a short run
     # says little of the rest of the run (the README's F2SA example: 10 stable for 50 steps,
     # diverged by step 100 of 500)
-    stable = [i for i, d in enumerate(trial.dropped) if d not in ("diverged", "not finite")]
+    stable = [i for i, d in enumerate(trial.dropped) if d not in DEAD]
     safe = [i for i in kept if i + 1 == len(trial.grid) or not trial.dropped[i + 1]]
     if safe:
         choice = min(safe, key=lambda i: trial.scores[i])

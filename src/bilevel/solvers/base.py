@@ -270,6 +270,11 @@ class Solver(abc.ABC):
             return dataclasses.replace(self, lr_inner=step)
         return self
 
+    def draws_minibatches(self, problem: BilevelProblem) -> bool:
+        """Whether a run of this solver on ``problem`` draws minibatches (its steps are noisy):
+        the problem has data and ``batch_size`` is set."""
+        return problem.stochastic and getattr(self, "batch_size", None) is not None
+
     def outer_step_decays(self, problem: BilevelProblem) -> bool:
         """Whether the method's own schedule already decays its outer step over the run (the
         papers' decreasing regimes: F2SA's and F3SA's ``k^-a``, the ``1/(k + k0)`` of TTSA, BSA,

@@ -288,7 +288,7 @@ class SBFW(FrankWolfeSolver):
         minibatches, 0 (a constant y step) with full batches."""
         if not _is_auto(self.inner_decay):
             return self.inner_decay
-        return 0.5 if problem.stochastic and self.batch_size is not None else 0.0
+        return 0.5 if self.draws_minibatches(problem) else 0.0
 
     def _neumann(self, k) -> Neumann:
         """M's Hessian inverse at paper iteration ``k``: the series, or the random product."""
