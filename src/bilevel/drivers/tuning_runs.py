@@ -26,10 +26,13 @@ __all__ = [
     "BEHIND",
     "settle",
     "merge",
+    "DEAD",
 ]
 
 #: the exact score needs a dense inner Hessian per candidate: only for y of at most this size
 EXACT_MAX_DIM = 300
+#: drop reasons of a candidate whose run did not finish with finite scores
+DEAD = ("diverged", "not finite")
 #: evaluations of the tuning run (the score averages the last two)
 EVALUATIONS = 4
 #: a candidate whose exact F ends more than this share of the best decrease behind the best
@@ -125,7 +128,7 @@ def trial(problem, solver, candidates, n, seed, init, cpu_rewrites, score_name) 
     )
     dead = {d["lr_outer"] for d in df.attrs.get("diverged", [])}
     df = _seed_means(df)
-    reached, dropped, final_F = [], [], []
+    reached, reasons, final_F = [], [], []
     counts = {k: 0 for k in ("samples", "oracle_calls", *Counts._fields)}
     start = math.inf
     for value in candidates:
@@ -135,20 +138,24 @@ def trial(problem, solver, candidates, n, seed, init, cpu_rewrites, score_name) 
         for k in counts:  # a diverged candidate's steps after its last row: extrapolated
             counts[k] += int(round(last[k] * n / max(int(last["step"]), 1)))
         reason = _drop_reason(rows, value in dead, score_name, n)
-        dropped.append(reason)
+        reasons.append(reason)
         tail = rows[score_name].iloc[-2:] if len(rows) > 2 else rows[score_name].iloc[-1:]
         reached.append(math.inf if reason in DEAD else float(np.mean(tail)))
         final_F.append(float(rows["F"].iloc[-1]) if "F" in rows else math.nan)
     known = "F" in df
     start_F = float(df.sort_values("step")["F"].iloc[0]) if known else None
-    scores = [math.inf if d else r for d, r in zip(dropped, reached, strict=True)]
-    raw = Trial(tuple(candidates), scores, start, dropped, counts, list(dropped), reached,
-                final_F if known else None, start_F)  # fmt: skip
+    raw = Trial(
+        grid=tuple(candidates),
+        scores=[],  # settle's, as dropped
+        start=start,
+        dropped=[],
+        counts=counts,
+        reasons=reasons,
+        reached=reached,
+        final_F=final_F if known else None,
+        start_F=start_F,
+    )
     return settle(raw)
-
-
-#: drop reasons of a candidate whose run did not finish with finite scores
-DEAD = ("diverged", "not finite")
 
 
 def settle(trial: Trial) -> Trial:
@@ -183,9 +190,9 @@ def merge(trials: list[Trial]) -> Trial:
     known = all(t.final_F is not None for t in trials)
     merged = Trial(
         grid=tuple(v for v, _, _ in order),
-        scores=pick("scores"),
+        scores=[],  # settle's, from the reasons, scores reached and F of every sweep
         start=trials[0].start,
-        dropped=pick("dropped"),
+        dropped=[],
         counts={k: sum(t.counts[k] for t in trials) for k in trials[0].counts},
         reasons=pick("reasons"),
         reached=pick("reached"),
