@@ -254,9 +254,7 @@ def paper_hypers(problem, protocol: Protocol = PAPER_PROTOCOL) -> dict[str, tupl
         lr_outer=protocol["SBFW eta factor"] * ETA_1,
         lr_inner=min(2.0 / (3.0 * mu), mu / (2.0 * L_g**2)),
         neumann_lr=1.0 / L_g,
-        inner_decay=SBFW_PAPER["inner_decay"],
-        hessian_inverse=SBFW_PAPER["hessian_inverse"],
-        neumann_start=SBFW_PAPER["neumann_start"],
+        **METHODS["SBFW"][1],  # App. G.1's M and y-step decay
     )
     ttsa = dict(
         lr_outer=alpha,
