@@ -178,10 +178,10 @@ def test_default_steps_reach_x_star_on_the_simplex(problem, x_star, rule):
     assert res.solver.horizon == 3000.0
     expected_gamma = np.log(3000) / 3000 if rule == "convex" else 1 / np.sqrt(3000)
     gamma = res.solver.lr_outer
-    if rule == "last-iterate":  # 1/sqrt(K) for K/10 steps, then ~ 1/sqrt(k)
+    if rule == "last-iterate":  # 1/sqrt(K) for K/10 steps, then ~ k^(-3/2)
         assert gamma.horizon == 3000.0
         np.testing.assert_allclose(gamma(299), expected_gamma, rtol=1e-12)
-        np.testing.assert_allclose(gamma(2999), expected_gamma / np.sqrt(10), rtol=1e-12)
+        np.testing.assert_allclose(gamma(2999), expected_gamma / 10**1.5, rtol=1e-12)
         gamma = gamma.gamma
     np.testing.assert_allclose(gamma, expected_gamma, rtol=1e-12)
     np.testing.assert_allclose(res.solver.lr_inner, 2 / 11, rtol=1e-6)  # mu_g 1, L_g 10
@@ -199,6 +199,64 @@ def test_minibatches_reach_half_the_distance(x_star):
     solver = bl.solvers.make("ibcg", gamma_rule="convex", batch_size=32)
     res = bl.solve(p, solver, 3000, eval_every=1000, progress=False, seed=1)
     assert _rel_err(res, np.asarray(p.x0), x_star) <= 0.5
+
+
+# ---- 3b. minibatches: the LMO takes the running average of the estimates ----------------------
+@pytest.fixture(scope="module")
+def stochastic_simplex():
+    return simplex_problem(stochastic=True, n_samples=2000)
+
+
+def test_averaging_is_on_exactly_when_the_run_draws_minibatches(problem, stochastic_simplex):
+    from bilevel.solvers.frank_wolfe.ibcg import averaging_weight
+
+    assert bl.solvers.make("ibcg", batch_size=32).averages(stochastic_simplex)
+    assert not bl.solvers.make("ibcg").averages(stochastic_simplex)
+    assert not bl.solvers.make("ibcg", batch_size=32, averaging="none").averages(stochastic_simplex)
+    assert bl.solvers.make("ibcg", averaging="sfw").averages(problem)
+    k = np.array([0, 1, 10, 2999])  # Mokhtari et al. (2020): rho_t = 4 / (t + 8)^(2/3)
+    np.testing.assert_allclose(averaging_weight(k), 4 / (k + 8) ** (2 / 3), rtol=1e-12)
+    assert float(averaging_weight(0)) == 1.0  # d_0 = F_0
+
+
+def test_the_direction_is_the_running_average_of_the_estimates(stochastic_simplex):
+    """From one state, the averaged step's d_k is (1 - rho_k) d_{k-1} + rho_k F_k, where F_k is
+    the plain step's direction from the same state and key (same draws), and its x moves
+    toward the LMO vertex of d_k."""
+    from bilevel.solvers.frank_wolfe.ibcg import averaging_weight
+
+    p = stochastic_simplex
+    solvers = {
+        avg: bl.solvers.make(
+            "ibcg", batch_size=32, averaging=avg, lr_outer=0.1, lr_inner=0.1, lr_adjoint=0.1
+        ).resolve(p)
+        for avg in ("none", "sfw")
+    }
+    step = jax.jit(lambda solver, state: solver.step(p, state))
+    state = solvers["sfw"].init(p, jax.random.PRNGKey(3))
+    for _ in range(3):  # a state with k = 3 and a d_2 that is no single estimate
+        state = step(solvers["sfw"], state)
+    plain, averaged = step(solvers["none"], state), step(solvers["sfw"], state)
+    rho = float(averaging_weight(3))
+    assert 0 < rho < 1
+    expected = (1 - rho) * np.asarray(state.direction) + rho * np.asarray(plain.direction)
+    np.testing.assert_allclose(averaged.direction, expected, rtol=1e-12, atol=1e-14)
+    vertex = p.x_set.lmo(jnp.asarray(expected))
+    np.testing.assert_allclose(averaged.x, 0.9 * np.asarray(state.x) + 0.1 * vertex, rtol=1e-12)
+
+
+def test_minibatch_defaults_average_and_their_last_iterate_gap_falls(stochastic_simplex):
+    """Batch 32, K = 3000, two seeds: with the defaults (the average, the last-iterate gamma)
+    the exact FW gap of x_K ends at 0.03-0.06 (measured over 4 seeds; start 4.64), asserted
+    <= 0.1; without the average every noisy F_k picks its own vertex and it ends at
+    0.15-0.18 (asserted > 0.1: the average is what closes the gap)."""
+    p = stochastic_simplex
+    gaps = {}
+    for avg in ("auto", "none"):
+        solver = bl.solvers.make("ibcg", batch_size=32, averaging=avg)
+        res = bl.solve(p, solver, 3000, eval_every=3000, progress=False, seeds=range(2))
+        gaps[avg] = [float(bl.metrics.fw_gap(p, x)) for x in res.x]
+    assert max(gaps["auto"]) <= 0.1 < min(gaps["none"]), gaps
 
 
 # ---- 4. metrics and bad input ------------------------------------------------------------------
@@ -245,6 +303,7 @@ def test_nuclear_ball_on_a_vector_is_refused_before_compiling():
         ({"hessian_inverse": "neumann"}, "hessian_inverse"),
         ({"inner_solve": "cg"}, "inner_solve"),
         ({"w0": "random"}, "w0"),
+        ({"averaging": "momentum"}, "averaging"),
         ({"horizon": 0}, "horizon"),
         ({"outer_optimizer": "adam"}, "convex combination"),
     ],
@@ -261,7 +320,7 @@ def test_auto_gamma_needs_a_horizon(problem):
         bl.solvers.make("ibcg", lr_inner=0.1, lr_adjoint=0.1, horizon=1).resolve(problem)
     solver = bl.solvers.make("ibcg", lr_inner=0.1, lr_adjoint=0.1, horizon=100)
     gamma = solver.resolve(problem).lr_outer  # "last-iterate": 1/sqrt(100) for 10 steps
-    np.testing.assert_allclose([gamma(0), gamma(9), gamma(39)], [0.1, 0.1, 0.05], rtol=1e-12)
+    np.testing.assert_allclose([gamma(0), gamma(9), gamma(39)], [0.1, 0.1, 0.0125], rtol=1e-12)
     solver = dataclasses.replace(solver, gamma_rule="nonconvex")
     np.testing.assert_allclose(solver.resolve(problem).lr_outer, 0.1)  # 1/sqrt(100)
 

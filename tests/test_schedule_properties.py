@@ -299,8 +299,8 @@ def test_ibcg_gamma_is_the_corollaries(Kk, rule):
     K, k = Kk
     constant = math.log(K) / K if rule == "convex" else 1.0 / math.sqrt(K)
     assert horizon_step(float(K), rule) == pytest.approx(constant, rel=RTOL, abs=0.0)
-    if rule == "last-iterate":  # gamma min(1, sqrt(0.1 K / (k + 1)))
-        expected = constant * min(1.0, math.sqrt(0.1 * K / (k + 1)))
+    if rule == "last-iterate":  # gamma min(1, (0.1 K / (k + 1))^(3/2))
+        expected = constant * min(1.0, (0.1 * K / (k + 1)) ** 1.5)
     else:
         expected = constant
     solver = IBCG(horizon=K, gamma_rule=rule, lr_inner=0.1, lr_adjoint=0.1).resolve(None)
@@ -310,11 +310,11 @@ def test_ibcg_gamma_is_the_corollaries(Kk, rule):
 @SETTINGS
 @given(Kk=_horizon_and_k(), gamma=_positive(1e-4, 1.0))
 def test_last_iterate_gamma(Kk, gamma):
-    """gamma min(1, sqrt(k_1/(k+1))), k_1 = K/10: constant while k + 1 <= K/10, then ~ 1/sqrt k."""
+    """gamma min(1, (k_1/(k+1))^(3/2)), k_1 = K/10: constant while k + 1 <= K/10, then ~ k^-1.5."""
     K, k = Kk
     event(f"constant part (k + 1 <= K/10): {k + 1 <= 0.1 * K}")
     got = LastIterateGamma(gamma, float(K))(jnp.int32(k))
-    _close(got, gamma * min(1.0, math.sqrt(0.1 * K / (k + 1))))
+    _close(got, gamma * min(1.0, (0.1 * K / (k + 1)) ** 1.5))
     if k + 1 <= 0.1 * K:
         _close(got, gamma)
 

@@ -217,14 +217,16 @@ def test_stochastic_approximation_factors_draw_their_own_samples(case):
 
 
 # ---- IBCG on a ball ------------------------------------------------------------------------------
+@pytest.mark.parametrize("averaging", ["none", "sfw"])
 @pytest.mark.parametrize("hessian_inverse", ["recursion", "exact"])
-def test_ibcg_adjoint_cross_and_inner_step_use_three_draws(hessian_inverse):
+def test_ibcg_adjoint_cross_and_inner_step_use_three_draws(hessian_inverse, averaging):
     """IBCG (Algorithm 1) with minibatches: outer draw 0 for both partials of f, inner draw 0
     for line 4 (the HVP of the w recursion, or the dense Hessian of eq. (6)'s exact adjoint),
     draw 1 for the cross product of line 5, draw 2 for the y step of line 8 at the NEW x.
     tests/test_ibcg.py replays the recursion on the simplex, whose LMO is piecewise constant;
     here the ball's LMO is continuous in F_k, so a changed F_k moves x. Two steps from a moved
-    (x, y, w). rtol 1e-11."""
+    (x, y, w). ``averaging="sfw"`` (the minibatch default): the LMO takes d_k = (1 - rho_k)
+    d_{k-1} + rho_k F_k with rho_k = 4/(k+8)^(2/3), so rho_0 = 1. rtol 1e-11."""
     p = stochastic_quadratic(bl.sets.L2Ball(RADIUS))
     o = QuadraticOracles.of(p)
     gamma, alpha, eta = 0.3, 0.1, 0.1
@@ -235,8 +237,10 @@ def test_ibcg_adjoint_cross_and_inner_step_use_three_draws(hessian_inverse):
         lr_adjoint=eta,
         batch_size=BATCH,
         hessian_inverse=hessian_inverse,
+        averaging=averaging,
     )
     state = moved(solver.init(p, jax.random.PRNGKey(8)), x=DX, y=DY, w=DY)
+    d = np.zeros(DX)
     step = jax.jit(solver.step)
     for _ in range(2):
         dr = step_draws(p, state.key, BATCH, outer=1, inner=3)
@@ -249,11 +253,14 @@ def test_ibcg_adjoint_cross_and_inner_step_use_three_draws(hessian_inverse):
         else:
             w = w - eta * (o.hvp(rows_hvp, w) - gy)  # line 4
         F = gx - o.cross(rows_cross, w)  # line 5
-        s = _ball_lmo(F)  # line 6
+        k = int(state.k)
+        rho = min(1.0, 4 / (k + 8) ** (2 / 3)) if averaging == "sfw" else 1.0
+        d = (1 - rho) * d + rho * F
+        s = _ball_lmo(d)  # line 6
         x_new = x + gamma * (s - x)  # line 7
         y_new = y - alpha * o.grad_y_g(x_new, y, rows_step)  # line 8
         new = step(p, state)
-        expected = dict(x=x_new, y=y_new, w=w, fw_gap_estimate=F @ (x - s))
+        expected = dict(x=x_new, y=y_new, w=w, direction=d, fw_gap_estimate=d @ (x - s))
         _assert_state(new, expected, rtol=1e-11)
         assert int(new.counts.samples_inner - state.counts.samples_inner) == 3 * BATCH
         state = new
