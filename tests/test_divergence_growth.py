@@ -11,6 +11,7 @@ a constant ~lr_outer * c per step, while its headline metric -- the problem's ex
 ``grad_norm`` = c sqrt(2) -- stays constant and tiny, and every value stays finite.
 """
 
+import dataclasses
 import json
 import warnings
 
@@ -145,3 +146,21 @@ def test_history_takes_the_first_norms_as_the_start_and_keeps_the_reason():
     resumed.restore(json.loads(json.dumps(history.meta())), list(history.rows))
     np.testing.assert_array_equal(resumed.start_norms, np.ones((2, 2)))
     assert resumed.reasons == history.reasons
+
+
+def test_a_runaway_internal_iterate_is_diverged_though_x_and_y_stay_put():
+    """IBCG's adjoint iterate w at a step 2.5 / L_g: ``w_{k+1} = w_k - eta (H w_k - grad_y f)``
+    grows 1.5x a step while x stays in its box and y converges, so ||x|| and ||y|| say nothing;
+    the hypergradient estimate ``grad_x f - d2g/dxdy w`` that w feeds does."""
+    problem = bl.problems.quadratic(dx=3, dy=4).replace(x_set=bl.sets.Box(-1.0, 1.0))
+    L_g = bl.diagnose(problem).L_g
+    ibcg = bl.solvers.make("ibcg", lr_outer=0.1, lr_inner=1 / L_g, lr_adjoint=2.5 / L_g)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        res = bl.solve(problem, ibcg, steps=300, eval_every=10, progress=False)
+    assert res.diverged == [0] and ITERATES_GREW in res.message
+    x = np.asarray(res.x)
+    assert np.isfinite(x).all() and np.abs(x).max() <= 1.0
+    assert res.history.step.iloc[-1] < 300
+    fine = dataclasses.replace(ibcg, lr_adjoint=1 / L_g)
+    assert bl.solve(problem, fine, steps=300, eval_every=10, progress=False).diverged == []

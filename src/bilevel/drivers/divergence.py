@@ -4,9 +4,11 @@ A seed is diverged when
 
 - its state or metrics stop being finite (the evaluation program says so, :class:`Health`);
 - its headline metric explodes (:func:`exploded`);
-- its iterates explode (:func:`grown`): ||x|| or ||y|| beyond ``EXPLOSION_FACTOR`` x its start
-  norm (and 1), whatever the metrics say -- a run whose gradient vanished at |x| ~ 4e40 reported
-  a tiny ``grad_norm`` and "completed".
+- its iterates explode (:func:`grown`): ||x||, ||y|| or the norm of the method's own
+  hypergradient estimate beyond ``EXPLOSION_FACTOR`` x its start norm (and 1), whatever the
+  metrics say -- a run whose gradient vanished at |x| ~ 4e40 reported a tiny ``grad_norm`` and
+  "completed"; IBCG's adjoint iterate w grew to 1e93 on a hyper-cleaning with minibatches while
+  x stayed in its box, and only its estimate ``F_k = grad_x f - d2g/dxdy w`` showed it.
 
 A diverged seed stops adding history rows and keeps its last finite state (:func:`keep_good`);
 the other seeds run on. Why it diverged is one of :data:`REASONS`, kept per seed by the history.
@@ -45,7 +47,8 @@ EXPLOSION_FACTOR = 1e12
 NON_FINITE = "non-finite iterates or metrics (NaN/inf)"
 HEADLINE_EXPLODED = f"its headline metric grew beyond {EXPLOSION_FACTOR:.0e} x its start"
 ITERATES_GREW = (
-    f"its iterates (||x|| or ||y||) grew beyond {EXPLOSION_FACTOR:.0e} x their start norm"
+    f"its iterates (||x||, ||y|| or its hypergradient estimate) grew beyond "
+    f"{EXPLOSION_FACTOR:.0e} x their start norm"
 )
 REASONS = (NON_FINITE, HEADLINE_EXPLODED, ITERATES_GREW)
 
@@ -60,8 +63,9 @@ class Health(NamedTuple):
 
     Attributes:
         finite: whether every float leaf of the state and every metric is finite.
-        norms: ``(||x||, ||y||)`` of the solver's output (:func:`iterate_norms`); the first
-            evaluation's are the start norms :func:`grown` compares with.
+        norms: ``(||x||, ||y||, ||estimate||)`` of the solver's output and its last
+            hypergradient estimate (:func:`iterate_norms`); the first evaluation's are the
+            start norms :func:`grown` compares with.
     """
 
     finite: Any
@@ -79,11 +83,17 @@ def _norm(tree) -> jax.Array:
     return scale * tree_norm(tree_scale(1 / scale, tree))
 
 
-def iterate_norms(x, y) -> jax.Array:
-    """``[||x||, ||y||]`` (traced, inside the ``"eval"`` program)."""
+def iterate_norms(x, y, estimate_norm=None) -> jax.Array:
+    """``[||x||, ||y||, ||estimate||]`` (traced, inside the ``"eval"`` program).
+
+    ``estimate_norm`` is the norm of the method's last hypergradient estimate (its
+    ``hypergrad_estimate_norm``); the internal iterates a method keeps beside x and y (an
+    adjoint w, a Neumann state, a momentum) all feed it, so a runaway one shows there. 0 for a
+    method that records none."""
     nx, ny = _norm(x), _norm(y)
-    dtype = jnp.result_type(nx, ny)
-    return jnp.stack([nx.astype(dtype), ny.astype(dtype)])
+    ne = jnp.zeros(()) if estimate_norm is None else jnp.abs(jnp.asarray(estimate_norm))
+    dtype = jnp.result_type(nx, ny, ne)
+    return jnp.stack([nx.astype(dtype), ny.astype(dtype), ne.astype(dtype)])
 
 
 def exploded(metrics: dict, step: int, seeds: list, rows: list[dict]) -> np.ndarray:
@@ -108,9 +118,10 @@ def exploded(metrics: dict, step: int, seeds: list, rows: list[dict]) -> np.ndar
 
 
 def grown(norms, start) -> np.ndarray:
-    """Seeds whose ||x|| or ||y|| is beyond ``EXPLOSION_FACTOR`` x max(its start norm, 1).
+    """Seeds whose ||x||, ||y|| or estimate norm is beyond ``EXPLOSION_FACTOR`` x max(its
+    start norm, 1).
 
-    ``norms`` and ``start`` are ``(seeds, 2)`` arrays of :func:`iterate_norms`. The floor of 1
+    ``norms`` and ``start`` are ``(seeds, 3)`` arrays of :func:`iterate_norms`. The floor of 1
     keeps a start at 0 (y0 = 0 is common) from counting any step away from it as growth;
     iterates that start large (a model's weights) are measured against their own scale. A
     metric can say nothing is wrong while the iterates run away (a vanished or saturated

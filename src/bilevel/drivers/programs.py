@@ -158,7 +158,8 @@ def _evaluation(spec: ProgramSpec) -> Callable:
         x, y = solver.output(state)
         own = solver.state_metrics(state)
         finite = float_leaves_finite(state) & tree_allfinite(own)
-        return (x, y), own, state.counts, Health(finite, iterate_norms(x, y))
+        norms = iterate_norms(x, y, own.get("hypergrad_estimate_norm"))
+        return (x, y), own, state.counts, Health(finite, norms)
 
     return evaluate
 
