@@ -1,5 +1,6 @@
 """bl.diagnose: Lanczos estimates of mu_g and L_g, the not-strongly-convex warning, "auto"."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,3 +62,72 @@ def test_nonquadratic_matches_dense_hessian():
     d = bl.diagnose(p)
     eig = np.linalg.eigvalsh(np.asarray(bl.oracles.hessian_yy(g, p.x0, p.y0, None)))
     assert d.mu_g == pytest.approx(eig[0], rel=1e-8) and d.L_g == pytest.approx(eig[-1], rel=1e-8)
+
+
+# ---- minibatch curvature: the "auto" steps of runs that draw minibatches ---------------------
+def _least_squares(n=120, d=20, ridge=0.1, seed=0):
+    """g(y; rows) = mean_i (a_i^T y - b_i)^2 / 2 + ridge/2 ||y||^2: a batch B's Hessian is
+    A_B^T A_B / |B| + ridge I, in closed form."""
+    rng = np.random.default_rng(seed)
+    A, b = rng.normal(size=(n, d)), rng.normal(size=n)
+
+    def inner(x, y, batch):
+        r = batch["A"] @ y - batch["b"]
+        return 0.5 * jnp.mean(r**2) + 0.5 * ridge * jnp.sum(y**2) + x @ y[:2]
+
+    problem = bl.BilevelProblem(
+        outer=lambda x, y, batch: jnp.sum(y**2),
+        inner=inner,
+        x0=jnp.zeros(2),
+        y0=jnp.zeros(d),
+        outer_data={"A": jnp.asarray(A), "b": jnp.asarray(b)},
+        inner_data={"A": jnp.asarray(A), "b": jnp.asarray(b)},
+    )
+    return problem, A, ridge
+
+
+def test_batch_smoothness_is_the_largest_curvature_of_the_solvers_draws():
+    """The draws are the solvers' (sampling.minibatches, iid rows), each Hessian exact by
+    Lanczos on dim y = 20 <= 60 steps; with 8 rows of 20 features a batch's curvature is
+    several times the full data's, and inner_smoothness takes the larger."""
+    from bilevel.analysis.diagnose import BATCH_DRAWS, batch_smoothness, inner_smoothness
+    from bilevel.core import sampling
+
+    problem, A, ridge = _least_squares()
+    mb = sampling.minibatches(
+        jax.random.PRNGKey(0), None, problem.inner_data, 8, outer=0, inner=BATCH_DRAWS
+    )
+    tops = []
+    for i in range(BATCH_DRAWS):
+        rows = np.asarray(mb.inner(i)["A"])
+        tops.append(np.linalg.eigvalsh(rows.T @ rows / 8 + ridge * np.eye(20))[-1])
+    full = np.linalg.eigvalsh(A.T @ A / len(A) + ridge * np.eye(20))[-1]
+    assert batch_smoothness(problem, 8) == pytest.approx(max(tops), rel=1e-8)
+    assert max(tops) > 2 * full
+    assert inner_smoothness(problem) == pytest.approx(full, rel=1e-8)
+    assert inner_smoothness(problem, 8) == pytest.approx(max(tops), rel=1e-8)
+    dataless = bl.problems.quadratic(dx=3, dy=4)  # no minibatches to draw: the full L_g
+    assert inner_smoothness(dataless, 8) == bl.diagnose(dataless).L_g
+
+
+def test_auto_steps_of_a_minibatch_run_use_the_batches_curvature():
+    """lr_inner='auto' = factor / L_g with L_g the batches' for a run that draws minibatches,
+    the full data's otherwise; IBCG's 2/(mu_g + L_g) also halves (its recursions see a new
+    Hessian every step)."""
+    from bilevel.analysis.diagnose import inner_smoothness
+
+    problem, _, _ = _least_squares()
+    L_full, L_batch = inner_smoothness(problem), inner_smoothness(problem, 8)
+    for name in ("aid-cg", "soba"):
+        factor = bl.solvers.get(name).auto_inner_factor
+        full = bl.solvers.make(name).resolve(problem)
+        mini = bl.solvers.make(name, batch_size=8).resolve(problem)
+        assert full.lr_inner == pytest.approx(factor / L_full, rel=1e-12)
+        assert mini.lr_inner == pytest.approx(factor / L_batch, rel=1e-12)
+    mu = bl.diagnose(problem).mu_g
+    box = problem.replace(x_set=bl.sets.Box(-1.0, 1.0))
+    full = bl.solvers.make("ibcg", horizon=100).resolve(box)
+    mini = bl.solvers.make("ibcg", horizon=100, batch_size=8).resolve(box)
+    assert full.lr_inner == pytest.approx(2 / (mu + L_full), rel=1e-12)
+    assert mini.lr_inner == pytest.approx(1 / (mu + L_batch), rel=1e-12)
+    assert mini.lr_adjoint == pytest.approx(0.99 / (mu + L_batch), rel=1e-12)

@@ -261,14 +261,25 @@ class Solver(abc.ABC):
         """This solver with data-dependent settings filled in (``lr_inner="auto"``).
 
         ``"auto"`` becomes ``auto_inner_factor / L_g`` with L_g estimated by
-        :func:`bilevel.analysis.diagnose` at ``(x0, y0)``. ``solve`` calls this before compiling.
+        :func:`bilevel.analysis.diagnose` at ``(x0, y0)``, or, when the run draws minibatches,
+        the minibatches' L_g where it is larger (:meth:`curvature_batch`). ``solve`` calls this
+        before compiling.
         """
         if _is_auto(getattr(self, "lr_inner", None)):
             from bilevel.analysis.diagnose import auto_inner_step
 
-            step = auto_inner_step(problem, self.auto_inner_factor)
+            batch = self.curvature_batch(problem)
+            step = auto_inner_step(problem, self.auto_inner_factor, batch)
             return dataclasses.replace(self, lr_inner=step)
         return self
+
+    def curvature_batch(self, problem: BilevelProblem) -> int | None:
+        """The batch size whose Hessians bound the ``"auto"`` inner steps: ``batch_size`` when
+        the run draws minibatches (a step on a minibatch is stable only below 2 / its own
+        curvature, which exceeds the full data's when the batch has fewer rows than y has
+        entries: :func:`bilevel.analysis.diagnose.batch_smoothness`), else None (the full
+        data's L_g)."""
+        return self.batch_size if self.draws_minibatches(problem) else None
 
     def draws_minibatches(self, problem: BilevelProblem) -> bool:
         """Whether a run of this solver on ``problem`` draws minibatches (its steps are noisy):

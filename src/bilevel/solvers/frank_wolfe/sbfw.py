@@ -255,12 +255,17 @@ class SBFW(FrankWolfeSolver):
             problem, "SBFW's 'auto' steps need mu_g and L_g", "give lr_inner and neumann_lr"
         )
         changes = {}
+        # the paper's a_0 is a constant of g (the full data's); a step on minibatches is stable
+        # below 1 / their curvature (Solver.curvature_batch)
+        from bilevel.analysis.diagnose import inner_smoothness
+
+        L_step = inner_smoothness(problem, self.curvature_batch(problem))
         if self.lr_inner == "a0":
             changes["lr_inner"] = min(2.0 / (3.0 * mu_g), mu_g / (2.0 * L_g**2))
         elif _is_auto(self.lr_inner):
-            changes["lr_inner"] = 1.0 / L_g
+            changes["lr_inner"] = 1.0 / L_step
         if _is_auto(self.neumann_lr):
-            changes["neumann_lr"] = 1.0 / L_g  # unused by the exact variant
+            changes["neumann_lr"] = 1.0 / L_step  # unused by the exact variant
         return dataclasses.replace(self, **changes)
 
     def init(self, problem: BilevelProblem, key: jax.Array) -> SBFWState:

@@ -335,5 +335,6 @@ class StochasticApproximation(ImplicitSolver):
         if _is_auto(solver.neumann_lr):
             from bilevel.analysis.diagnose import auto_inner_step
 
-            solver = dataclasses.replace(solver, neumann_lr=auto_inner_step(problem, 1.0))
+            step = auto_inner_step(problem, 1.0, solver.curvature_batch(problem))
+            solver = dataclasses.replace(solver, neumann_lr=step)
         return solver

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from bilevel.analysis.diagnose import diagnose, outer_smoothness
+from bilevel.analysis.diagnose import inner_smoothness, outer_smoothness
 from bilevel.core import oracles
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import step_size
@@ -143,7 +143,7 @@ def combine_directions(coeffs: jax.Array, u: PyTree, scale) -> PyTree:
     return jax.tree.map(lambda leaf: jnp.tensordot(weights, leaf, axes=1), u)
 
 
-def auto_smoothness(problem: BilevelProblem) -> float:
+def auto_smoothness(problem: BilevelProblem, batch_size: int | None = None) -> float:
     """L = max(L_f, L_g), the constant of Theorems 1-2's inner step (alpha <= 1/L and
     alpha = 2/(L + mu_g)).
 
@@ -153,9 +153,11 @@ def auto_smoothness(problem: BilevelProblem) -> float:
     y-Hessians at (x0, y0): ``bl.diagnose``'s L_g of g and
     :func:`~bilevel.analysis.diagnose.outer_smoothness`'s L_f of f (the spectral norm of
     d^2 f/dy^2). These are local, y-restricted estimates, so lower
-    bounds on the paper's constants. Raises ValueError if L is not positive.
+    bounds on the paper's constants. With ``batch_size`` (a run that draws minibatches) L_g is
+    the minibatches' where larger (:func:`~bilevel.analysis.diagnose.inner_smoothness`).
+    Raises ValueError if L is not positive.
     """
-    L = max(diagnose(problem).L_g, outer_smoothness(problem))
+    L = max(inner_smoothness(problem, batch_size), outer_smoothness(problem))
     if not L > 0:
         raise ValueError(
             f"lr_inner='auto' needs a positive smoothness constant; estimated L = max(L_f, L_g) "
@@ -461,7 +463,7 @@ class PZOBO(PathDifferenceSolver):
         """``lr_inner="auto"`` = 1/L, L = max(L_f, L_g) (Theorem 1, :func:`auto_smoothness`)."""
         if not _is_auto(self.lr_inner):
             return self
-        step = self.auto_inner_factor / auto_smoothness(problem)
+        step = self.auto_inner_factor / auto_smoothness(problem, self.curvature_batch(problem))
         return dataclasses.replace(self, lr_inner=float(step))
 
     def _unperturbed(self, problem, batch_f, x, y_n):

@@ -62,6 +62,6 @@ class PZOBOS(PZOBO):
         """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
         if not _is_auto(self.lr_inner):
             return self
-        L, d = auto_smoothness(problem), diagnose(problem)
+        L, d = auto_smoothness(problem, self.curvature_batch(problem)), diagnose(problem)
         step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L
         return dataclasses.replace(self, lr_inner=float(step))
