@@ -145,11 +145,12 @@ class IBCG(FrankWolfeSolver):
             paper's constant ``log K / K`` or ``1/sqrt(K)``, or ``1/sqrt(K)`` decaying after
             the first tenth (:class:`LastIterateGamma`).
         lr_inner: alpha, the y step (line 8). ``"auto"``: ``2/(mu_g + L_g)`` (Lemma B.1) with
-            mu_g, L_g estimated by ``bl.diagnose`` at (x0, y0) (L_g the minibatches' when the
-            run draws minibatches and theirs is larger: ``Solver.curvature_batch``).
+            mu_g, L_g estimated by ``bl.diagnose`` at (x0, y0). When the run draws minibatches
+            (not in the paper): half of that (:data:`MINIBATCH_FRACTION`), with L_g the
+            minibatches' where theirs is larger (``Solver.curvature_batch``).
         lr_adjoint: eta, the w step (line 4); theory asks ``eta < (1 - beta)/mu_g =
             2/(mu_g + L_g)`` strictly (Lemma 3.1, Theorems 4.1 and 4.3). ``"auto"``: 0.99 of
-            that bound.
+            that bound (halved with minibatches, as ``lr_inner``).
         gamma_rule: for ``lr_outer="auto"``: ``"convex"`` (l convex, Theorem 4.1: gamma =
             log K / K), ``"nonconvex"`` (Theorem 4.3: gamma = 1/sqrt(K), which assumes
             nothing), or ``"last-iterate"`` (the default, not in the paper: Theorem 4.3's
@@ -170,7 +171,7 @@ class IBCG(FrankWolfeSolver):
             4/(k+8)^{2/3}`` (stochastic Frank-Wolfe's averaging, Mokhtari et al. 2020; not in
             the IBCG paper), which takes the minibatch noise out of the vertex choice.
             ``"auto"`` (default): ``"sfw"`` when the run draws minibatches, else ``"none"``.
-            Measured with minibatches on a box (issue #33's defaults table, with the
+            Measured with minibatches on a box (``benchmarks/defaults.py``, with the
             ``"last-iterate"`` gamma): FW gap of ``x_K`` 0.03-0.05 of its start on a
             per-feature ridge (batch 32) and 0.006-0.010 on a hyper-cleaning, against 0.14-0.19
             and 0.23 with ``"none"``, where every noisy F_k picks its own vertex.
