@@ -149,8 +149,9 @@ def outer_smoothness(
     return cached
 
 
-#: minibatches whose Hessian curvature :func:`batch_smoothness` takes the largest of
-BATCH_DRAWS = 8
+#: minibatches whose Hessian curvature :func:`batch_smoothness` takes the largest of, and the
+#: Lanczos steps per minibatch (the largest eigenvalue converges first; exact for dim y <= 30)
+BATCH_DRAWS, BATCH_LANCZOS_STEPS = 8, 30
 
 
 def batch_smoothness(
@@ -166,7 +167,7 @@ def batch_smoothness(
     64 x 10, batches of 32: 0.42-1.21 against 0.40), so ``"auto"`` steps set from the full
     data's L_g diverged or hovered there (IBCG's adjoint ran to 1e45; AID-CG's hypergradient
     ended at 0.19 of its start, 0.047 with the batches' curvature). Cached per problem and
-    batch size; Lanczos as in :func:`diagnose`.
+    batch size; Lanczos as in :func:`diagnose`, :data:`BATCH_LANCZOS_STEPS` steps per draw.
     """
     settings = ("batch", batch_size, draws, seed)
     cached = _CACHE.get(problem, {}).get(settings)
@@ -174,7 +175,8 @@ def batch_smoothness(
         key = jax.random.PRNGKey(seed)
         mb = sampling.minibatches(key, None, problem.inner_data, batch_size, outer=0, inner=draws)
         groups = [[mb.inner(i)] for i in range(draws)]
-        cached = max(hi for _, hi, _, _ in _extremes_on(problem.inner, problem, groups, 60, key))
+        extremes = _extremes_on(problem.inner, problem, groups, BATCH_LANCZOS_STEPS, key)
+        cached = max(hi for _, hi, _, _ in extremes)
         _CACHE.setdefault(problem, {})[settings] = float(cached)
     return float(cached)
 
