@@ -165,8 +165,8 @@ def batch_smoothness(
     ``2 / lambda_max(H_B)``, and with fewer rows than the dimension of y a minibatch's Hessian
     is far more curved than the full data's (measured on a hyper-cleaning of 300 digits, y of
     64 x 10, batches of 32: 0.42-1.21 against 0.40), so ``"auto"`` steps set from the full
-    data's L_g diverged or hovered there (IBCG's adjoint ran to 1e45; AID-CG's hypergradient
-    ended at 0.19 of its start, 0.047 with the batches' curvature). Cached per problem and
+    data's L_g diverged there (IBCG's adjoint ran to 1e45 at 2/(mu_g + L_g) of the full
+    data). Cached per problem and
     batch size; Lanczos as in :func:`diagnose`, :data:`BATCH_LANCZOS_STEPS` steps per draw.
     """
     settings = ("batch", batch_size, draws, seed)

@@ -60,8 +60,8 @@ class IBCGState(NamedTuple):
     k: jax.Array  # iteration count
     key: jax.Array  # PRNG key
     counts: Counts  # samples and oracle calls so far
-    outer_state: OuterState  # its direction_norm is ||F_{k-1}||, the last estimate's norm
-    fw_gap_estimate: jax.Array  # <F_{k-1}, x_{k-1} - s_{k-1}>: the FW gap of the estimate
+    outer_state: OuterState  # its direction_norm is ||d_{k-1}||, the last LMO input's norm
+    fw_gap_estimate: jax.Array  # <d_{k-1}, x_{k-1} - s_{k-1}>: the FW gap of the LMO input
     lmo_start: jax.Array  # the LMO's last top singular vector (NuclearBall), else a dummy 0
     direction: PyTree  # d_k, the LMO's input: F_k, or its running average (``averaging``)
 
@@ -284,7 +284,7 @@ class IBCG(FrankWolfeSolver):
         if not self.averages(problem):
             return hypergrad
         rho = averaging_weight(state.k)
-        return jax.tree.map(lambda d, f: (1.0 - rho) * d + rho * f, state.direction, hypergrad)
+        return tree_axpy(rho, tree_sub(hypergrad, state.direction), state.direction)
 
     def _warm(self, x_set) -> bool:
         """Whether the LMO is warm-started (``lmo_warm_start`` and a set offering it)."""
