@@ -278,17 +278,45 @@ def test_a_run_that_ends_worse_than_its_tuning_run_is_retried_smaller(quadratic,
     """Drift: the full run with the chosen step ends with a larger ||grad F|| than the tuning
     run of that step reached (here a tuning score no run can beat), so bl.solve runs again with
     the next smaller candidate; that one's run ends below its own tuning score: no more
-    retries."""
+    retries. Of the two full runs, the one that ended lower is returned: here the retry (0.2
+    is past this quadratic's stable steps: ||grad F|| 681 after 100 steps, 0.1's 2.6e-6)."""
+    import bilevel.drivers.solve as solve_module
+
+    fake = _fake_tuning(0.2, (0.1, 0.2), (10.0, 1e-30))
+    monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
+    res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=100, progress=False)
+    assert res.ok and res.tuning.retries == (0.2,) and res.tuning.value == 0.1
+    assert res.tuning.retry_reasons == ("drifted",)
+    assert "0.2 drifted in the run" in res.tuning.summary()
+    assert "ran with 0.1" in res.tuning.summary()
+    finals = res.tuning.finals
+    assert len(finals) == 2 and finals[0] > 100.0 and finals[1] < 1e-4
+    fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.1), 100, progress=False)
+    np.testing.assert_array_equal(np.asarray(res.x), np.asarray(fixed.x))
+
+
+def test_after_retries_the_run_that_ended_lowest_is_returned(quadratic, monkeypatch):
+    """0.1 drifts by its (unbeatable) tuning score yet ends at ||grad F|| 2.6e-6; the retry
+    with 0.01 ends at 0.18. The 0.1 run is returned, its history counting the retry's work
+    too, and the summary says why."""
     import bilevel.drivers.solve as solve_module
 
     fake = _fake_tuning(0.1, (0.01, 0.1), (10.0, 1e-30))
     monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
     res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=100, progress=False)
-    assert res.ok and res.tuning.retries == (0.1,) and res.tuning.value == 0.01
-    assert res.tuning.retry_reasons == ("drifted",)
-    assert "0.1 drifted in the run" in res.tuning.summary()
-    fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.01), 100, progress=False)
+    assert res.ok and res.tuning.retries == (0.1,) and res.tuning.value == 0.1
+    finals = res.tuning.finals
+    assert finals[0] < 1e-4 < 0.1 < finals[1]
+    assert "returned the run with 0.1" in res.tuning.summary()
+    assert res.tuning.step == 0.1  # retraces the returned run
+    fixed = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.1), 100, progress=False)
     np.testing.assert_array_equal(np.asarray(res.x), np.asarray(fixed.x))
+    retry = bl.solve(quadratic, bl.solvers.make("aid-cg", lr_outer=0.01), 100, progress=False)
+    # the tuning itself counted nothing (a fake): every row holds the retry's whole run more
+    for column in ("samples", "oracle_calls", *bl.oracles.Counts._fields):
+        extra = res.history[column].to_numpy() - fixed.history[column].to_numpy()
+        assert np.all(extra == retry.history[column].iloc[-1]), column
+    assert retry.history["oracle_calls"].iloc[-1] > 0
 
 
 def test_a_run_that_ends_at_or_below_its_tuning_score_is_kept(quadratic, monkeypatch):

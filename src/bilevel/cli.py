@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -399,6 +400,7 @@ def _tuning_summary(tuning) -> dict | None:
         "samples": tuning.samples,
         "seconds": tuning.seconds,
         "retries": list(tuning.retries),
+        "finals": [f if math.isfinite(f) else None for f in tuning.finals],
     }
 
 

@@ -14,6 +14,7 @@ each seed diverged (``reasons``) for the run's message.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from bilevel.core.oracles import Counts
 from bilevel.drivers.divergence import (
@@ -25,7 +26,7 @@ from bilevel.drivers.divergence import (
     grown,
 )
 
-__all__ = ["History"]
+__all__ = ["History", "with_counts_raised"]
 
 
 class History:
@@ -146,3 +147,16 @@ class History:
             v = np.atleast_1d(np.asarray(v))
             row[name] = float(v[i] if v.size > 1 else v[0])
         return row
+
+
+def with_counts_raised(frame: pd.DataFrame, extra: dict[str, int]) -> pd.DataFrame:
+    """A copy of a history ``frame`` whose counter columns include ``extra`` more (one count
+    per :class:`bilevel.core.oracles.Counts` field, spent outside the run: the tuned solve's
+    later runs when an earlier one is returned), ``samples`` and ``oracle_calls`` with them."""
+    frame = frame.copy()
+    for name, value in extra.items():
+        frame[name] = frame[name] + value
+    calls = sum(v for k, v in extra.items() if not k.startswith("samples"))
+    frame["samples"] = frame["samples"] + extra["samples_outer"] + extra["samples_inner"]
+    frame["oracle_calls"] = frame["oracle_calls"] + calls
+    return frame

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -33,14 +34,14 @@ from bilevel.drivers.checks import (
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
 from bilevel.drivers.curvature import InnerCurvature, followed_fields
 from bilevel.drivers.engine import Engine, Schedule
-from bilevel.drivers.history import History
+from bilevel.drivers.history import History, with_counts_raised
 from bilevel.drivers.loggers import check_log_to, logged
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
 from bilevel.drivers.run_lock import RunLock
-from bilevel.drivers.tuning import drifted, needs_tuning, tune
-from bilevel.drivers.tuning_runs import DEAD
+from bilevel.drivers.tuning import GRADIENT_SCORES, drifted, needs_tuning, tune
+from bilevel.drivers.tuning_runs import DEAD, final_score
 from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 
@@ -169,13 +170,51 @@ def _solve(problem, solver: Solver, plan: _Plan) -> tuple[Result, str | None]:
     parallel.check_batch_size(getattr(solver, "batch_size", None), plan.mesh)
     check_convexity(problem)
     result, stopped, spent = _attempt(problem, solver, tuning, plan)
+    runs = [_Run(result, spent, tuning)]
     # a tuned step whose run diverged or drifted: the next smaller candidate
     while stopped is None and (reason := _retry_reason(problem, result, tuning, plan)):
         tuning = tuning.retried(_smaller(tuning), spent, reason)
         solver = dataclasses.replace(solver, lr_outer=tuning.step)
         result, stopped, spent = _attempt(problem, solver, tuning, plan)
+        runs.append(_Run(result, spent, tuning))
+    if stopped is None and len(runs) > 1:
+        result, tuning = _lowest(problem, runs, plan)
     _note_tuning(result, tuning)
     return result, stopped
+
+
+class _Run(NamedTuple):
+    """One full run of a tuned solve: its result, the counter totals spent up to its end
+    (tuning and earlier runs included) and the tuning it ran with."""
+
+    result: Result
+    spent: dict[str, int]
+    tuning: Any
+
+
+def _lowest(problem, runs: list[_Run], plan: _Plan) -> tuple[Result, Any]:
+    """After retries: the run whose gradient-type score ended lowest among those that ran all
+    their steps without diverging (the latest on a tie; the last run when none did), with its
+    history's counts raised to include every run's work, and the final tuning that records the
+    choice (:meth:`bilevel.drivers.tuning.Tuning.kept`)."""
+    last = runs[-1]
+    finals = [_final(problem, run.result, last.tuning, plan) for run in runs]
+    ranked = [(f, -i) for i, f in enumerate(finals) if math.isfinite(f)]
+    index = -min(ranked)[1] if ranked else len(runs) - 1
+    kept = runs[index]
+    result = kept.result
+    if index != len(runs) - 1:
+        extra = {k: last.spent[k] - kept.spent[k] for k in Counts._fields}
+        result = dataclasses.replace(result, history=with_counts_raised(result.history, extra))
+    return result, last.tuning.kept(kept.tuning.value, finals)
+
+
+def _final(problem, result: Result, tuning, plan: _Plan) -> float:
+    """A full run's final gradient-type score (``nan`` when it diverged, stopped early or the
+    tuning's score is not gradient-type)."""
+    if result.diverged or result.steps != plan.steps or tuning.score not in GRADIENT_SCORES:
+        return math.nan
+    return final_score(problem, result, tuning.score, plan.batched)
 
 
 @contextlib.contextmanager
