@@ -99,8 +99,9 @@ def test_batch_smoothness_sees_a_single_outlier_row():
     ridge = 1e-3
     problem = bl.BilevelProblem(
         outer=lambda x, y, d: 0.5 * jnp.sum((y - x) ** 2),
-        inner=lambda x, y, d: 0.5 * jnp.mean((d["A"] @ y - d["b"]) ** 2)
-        + 0.5 * ridge * jnp.sum(y**2),
+        inner=lambda x, y, d: (
+            0.5 * jnp.mean((d["A"] @ y - d["b"]) ** 2) + 0.5 * ridge * jnp.sum(y**2)
+        ),
         x0=jnp.zeros(20),
         y0=jnp.zeros(20),
         inner_data={"A": jnp.asarray(A), "b": jnp.asarray(b)},
@@ -117,14 +118,11 @@ def test_batch_smoothness_is_the_largest_curvature_of_batches_covering_the_rows(
     from bilevel.analysis.diagnose import _covering_batches, batch_smoothness, inner_smoothness
 
     problem, A, ridge = _least_squares()
-    batches = _covering_batches(problem.inner_data, 8, jax.random.PRNGKey(0))
-    covered = np.concatenate([np.asarray(b["A"]) for b in batches])
-    assert len(batches) == -(-len(A) // 8) and {tuple(r) for r in covered} == {
-        tuple(r) for r in np.asarray(A)
-    }
+    batches = np.asarray(_covering_batches(problem.inner_data, 8, jax.random.PRNGKey(0))["A"])
+    assert batches.shape == (-(-len(A) // 8), 8, 20)
+    assert {tuple(r) for r in batches.reshape(-1, 20)} == {tuple(r) for r in np.asarray(A)}
     tops = []
-    for batch in batches:
-        rows = np.asarray(batch["A"])
+    for rows in batches:
         tops.append(np.linalg.eigvalsh(rows.T @ rows / 8 + ridge * np.eye(20))[-1])
     full = np.linalg.eigvalsh(A.T @ A / len(A) + ridge * np.eye(20))[-1]
     assert batch_smoothness(problem, 8) == pytest.approx(max(tops), rel=1e-8)

@@ -181,22 +181,64 @@ def batch_smoothness(problem: BilevelProblem, batch_size: int, *, seed: int = 0)
     cached = _CACHE.get(problem, {}).get(settings)
     if cached is None:
         key = jax.random.PRNGKey(seed)
-        groups = [[b] for b in _covering_batches(problem.inner_data, batch_size, key)]
-        extremes = _extremes_on(problem.inner, problem, groups, BATCH_LANCZOS_STEPS, key)
-        cached = max(hi for _, hi, _, _ in extremes)
+        batches = _covering_batches(problem.inner_data, batch_size, key)
+        cached = max(_batch_tops(problem, batches, BATCH_LANCZOS_STEPS, key))
         _CACHE.setdefault(problem, {})[settings] = float(cached)
     return float(cached)
 
 
-def _covering_batches(data, batch_size: int, key) -> list:
-    """Batches of ``batch_size`` rows of ``data`` (leading axis: rows) that cover every row of
-    a random permutation of at most :data:`BATCH_COVER_ROWS` of them (the last batch topped
-    up from the permutation's first rows)."""
+def _covering_batches(data, batch_size: int, key):
+    """``data``'s rows as stacked batches (leading axes: batch, row) of ``batch_size`` rows that
+    cover every row of a random permutation of at most :data:`BATCH_COVER_ROWS` of them (the
+    last batch topped up from the permutation's first rows)."""
     n = sampling.num_samples(data)
     order = np.asarray(jax.random.permutation(key, n))[: min(n, BATCH_COVER_ROWS)]
     count = -(-len(order) // batch_size)
     rows = order[np.arange(count * batch_size) % len(order)].reshape(count, batch_size)
-    return [jax.tree.map(lambda leaf, r=r: jnp.asarray(leaf)[r], data) for r in rows]
+    return jax.tree.map(lambda leaf: jnp.asarray(leaf)[rows], data)
+
+
+def _batch_tops(problem: BilevelProblem, batches, steps: int, key) -> np.ndarray:
+    """The largest eigenvalue of ``d^2 g/dy^2 (x0, y0; B)`` for each of the stacked
+    ``batches``: Lanczos with full reorthogonalisation (as :func:`_lanczos_extremes`) on all of
+    them at once, one vmapped Hessian-vector product per step."""
+    x, y = problem.x0, problem.y0
+    flat_y, unravel = ravel_pytree(y)
+    dim = int(flat_y.size)
+    count = sampling.num_samples(batches)
+
+    @jax.jit  # x, y and the data as arguments: XLA would otherwise constant-fold them
+    def hvps(vs, x, y, batches):
+        def one(v, batch):
+            tangent = unravel(v.astype(flat_y.dtype))
+            return ravel_pytree(oracles.hvp_yy(problem.inner, x, y, batch, tangent))[0]
+
+        return jax.vmap(one)(vs, batches)
+
+    v = np.array(jax.random.normal(key, (dim,)), dtype=np.float64)
+    basis = [np.tile(v / np.linalg.norm(v), (count, 1))]
+    alphas, betas = [], []
+    for j in range(min(steps, dim)):
+        w = np.array(hvps(jnp.asarray(basis[j]), x, y, batches), dtype=np.float64)
+        alpha = np.einsum("cd,cd->c", w, basis[j])
+        alphas.append(alpha)
+        w -= alpha[:, None] * basis[j] + (betas[-1][:, None] * basis[j - 1] if j else 0.0)
+        for q in basis:
+            w -= np.einsum("cd,cd->c", w, q)[:, None] * q
+        beta = np.linalg.norm(w, axis=1)
+        # a batch whose Krylov space is exhausted: zero vectors from here (their Ritz values
+        # are 0, below the top of a Hessian that is positive definite)
+        done = beta < 1e-12 * np.maximum(1.0, np.abs(alpha))
+        beta = np.where(done, 0.0, beta)
+        betas.append(beta)
+        basis.append(np.where(done[:, None], 0.0, w / np.where(done, 1.0, beta)[:, None]))
+    k = len(alphas)
+    tops = []
+    for c in range(count):
+        a = np.array([al[c] for al in alphas])
+        b = np.array([be[c] for be in betas[: k - 1]])
+        tops.append(np.linalg.eigvalsh(np.diag(a) + np.diag(b, 1) + np.diag(b, -1))[-1])
+    return np.array(tops)
 
 
 def inner_smoothness(problem: BilevelProblem, batch_size: int | None = None) -> float:
