@@ -111,18 +111,28 @@ def test_batch_smoothness_sees_a_single_outlier_row():
         assert batch_smoothness(problem, 32, seed=seed) > outlier_alone
 
 
-def test_batch_smoothness_is_the_largest_curvature_of_batches_covering_the_rows():
-    """The batches cut a permutation of the rows (the last topped up from the first), each
-    Hessian exact by Lanczos on dim y = 20 <= 30 steps; with 8 rows of 20 features a batch's
-    curvature is several times the full data's, and inner_smoothness takes the larger."""
-    from bilevel.analysis.diagnose import _covering_batches, batch_smoothness, inner_smoothness
+def test_batch_smoothness_is_the_largest_curvature_of_drawn_and_covering_batches():
+    """8 batches drawn as the solvers draw theirs (sampling.minibatches, iid rows) and batches
+    cutting a permutation of the rows (the last topped up from the first), each Hessian exact
+    by Lanczos on dim y = 20 <= 30 steps; with 8 rows of 20 features a batch's curvature is
+    several times the full data's, and inner_smoothness takes the larger."""
+    from bilevel.analysis.diagnose import (
+        BATCH_DRAWS,
+        _covering_batches,
+        batch_smoothness,
+        inner_smoothness,
+    )
+    from bilevel.core import sampling
 
     problem, A, ridge = _least_squares()
-    batches = np.asarray(_covering_batches(problem.inner_data, 8, jax.random.PRNGKey(0))["A"])
-    assert batches.shape == (-(-len(A) // 8), 8, 20)
-    assert {tuple(r) for r in batches.reshape(-1, 20)} == {tuple(r) for r in np.asarray(A)}
+    key = jax.random.PRNGKey(0)
+    cover = np.asarray(_covering_batches(problem.inner_data, 8, key)["A"])
+    assert cover.shape == (-(-len(A) // 8), 8, 20)
+    assert {tuple(r) for r in cover.reshape(-1, 20)} == {tuple(r) for r in np.asarray(A)}
+    mb = sampling.minibatches(key, None, problem.inner_data, 8, outer=0, inner=BATCH_DRAWS)
+    drawn = [np.asarray(mb.inner(i)["A"]) for i in range(BATCH_DRAWS)]
     tops = []
-    for rows in batches:
+    for rows in [*drawn, *cover]:
         tops.append(np.linalg.eigvalsh(rows.T @ rows / 8 + ridge * np.eye(20))[-1])
     full = np.linalg.eigvalsh(A.T @ A / len(A) + ridge * np.eye(20))[-1]
     assert batch_smoothness(problem, 8) == pytest.approx(max(tops), rel=1e-8)

@@ -153,13 +153,16 @@ def outer_smoothness(
 #: this many beyond), and the Lanczos steps per minibatch (the largest eigenvalue converges
 #: first; exact for dim y <= 30)
 BATCH_COVER_ROWS, BATCH_LANCZOS_STEPS = 4096, 30
+#: minibatches drawn as a run draws them (rows with replacement) beside the covering ones
+BATCH_DRAWS = 8
 
 
 def batch_smoothness(problem: BilevelProblem, batch_size: int, *, seed: int = 0) -> float:
     """The largest ``lambda_max(d^2 g/dy^2 (x0, y0; B))`` over minibatches B of ``batch_size``
-    inner rows that together cover every row: a random permutation of the rows cut into
-    consecutive batches (the last one topped up from the first rows), over at most
-    :data:`BATCH_COVER_ROWS` rows (a random subset of that many beyond).
+    inner rows: :data:`BATCH_DRAWS` drawn as the solvers draw theirs (uniform, with
+    replacement, so a row may come twice), and batches that together cover every row (a random
+    permutation cut into consecutive batches, the last one topped up from the first rows;
+    over at most :data:`BATCH_COVER_ROWS` rows, a random subset of that many beyond).
 
     Why: a step on a minibatch's gradient or Hessian-vector product (``y - alpha grad_y g(x, y;
     B)``, an adjoint or Neumann recursion ``w - eta (H_B w - b)``) is stable only below
@@ -181,7 +184,13 @@ def batch_smoothness(problem: BilevelProblem, batch_size: int, *, seed: int = 0)
     cached = _CACHE.get(problem, {}).get(settings)
     if cached is None:
         key = jax.random.PRNGKey(seed)
-        batches = _covering_batches(problem.inner_data, batch_size, key)
+        # the draws of a run (rows with replacement: a row may come twice) and the cover
+        mb = sampling.minibatches(
+            key, None, problem.inner_data, batch_size, outer=0, inner=BATCH_DRAWS
+        )
+        drawn = jax.tree.map(lambda *b: jnp.stack(b), *[mb.inner(i) for i in range(BATCH_DRAWS)])
+        cover = _covering_batches(problem.inner_data, batch_size, key)
+        batches = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), drawn, cover)
         cached = max(_batch_tops(problem, batches, BATCH_LANCZOS_STEPS, key))
         _CACHE.setdefault(problem, {})[settings] = float(cached)
     return float(cached)
