@@ -40,8 +40,8 @@ from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
 from bilevel.drivers.run_lock import RunLock
-from bilevel.drivers.tuning import GRADIENT_SCORES, drifted, needs_tuning, tune
-from bilevel.drivers.tuning_runs import DEAD, final_score
+from bilevel.drivers.tuning import drifted, needs_tuning, tune
+from bilevel.drivers.tuning_runs import DEAD, GRADIENT_SCORES, final_score
 from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 

@@ -46,11 +46,10 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    :attr:`Tuning.retry_reasons`; not with a checkpoint, whose run would change under it).
    The earlier runs' samples and oracle calls are counted too. (Halving the step instead was
    measured worse: off the grid there is no tuning score to judge a drift by.) Of the full
-   runs that finished without diverging, the one whose gradient-type score ended lowest is
-   returned (:attr:`Tuning.finals`; the latest on a tie): a drifted run may still end below
-   its smaller successor (measured: TTSA on a full-batch logistic regression with one
-   log-penalty, 3.16 drifted, ending at 0.070 of its start's ``||grad F||`` where its tuning
-   run had reached 0.008, and the retry's 1 ended at 0.104: the 3.16 run is returned).
+   runs that did not diverge, the one whose gradient-type score ended lowest is returned
+   (:attr:`Tuning.finals`; the latest on a tie): a drifted run may end below its successor
+   (TTSA on a full-batch logistic regression: 3.16 drifted to 0.070 of its start's
+   ``||grad F||``, its tuning run had reached 0.008; the retry's 1 ended at 0.104).
 
 6. **The second half, with minibatches**: a constant step leaves the last iterate of a
    stochastic method at a noise floor that grows with the step, and the tuning picks the step
@@ -87,6 +86,7 @@ import pandas as pd
 from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import TailDecay
+from bilevel.drivers import tuning_runs
 from bilevel.drivers.tuning_runs import DEAD, Trial, final_score, merge, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
@@ -146,10 +146,9 @@ class Tuning:
             with; the earlier runs' samples and oracle calls are in the counts).
         retry_reasons: why each of ``retries`` was run again: ``"diverged"`` or
             ``"drifted"`` (:func:`drifted`).
-        finals: after retries, each full run's final score (``retries`` and then the last
-            run, in order; ``nan`` for one that diverged or has no gradient-type score). The
-            run returned is the one whose final score is lowest, so ``value`` may be one of
-            ``retries`` (module docstring, point 5).
+        finals: after retries, each full run's final score (``retries``, then the last run;
+            ``nan`` where it diverged or has no gradient-type score); the lowest run is
+            returned, so ``value`` may be one of ``retries`` (module docstring, point 5).
         tail: ``(start, factor)`` when the run multiplies ``value`` by ``factor`` from
             iteration ``start`` on (a run with minibatches of a method whose outer step is
             constant: module docstring, point 6), else ``None``.
@@ -243,18 +242,15 @@ class Tuning:
 
     def _returned(self) -> str:
         """The summary's words on which run was returned, after retries."""
-        last = len(self.retries) >= len(self.finals) or self.value not in self.retries
-        if last:
+        if self.value not in self.retries:  # the last run
             return f"; ran with {self.value:.3g}"
-        index = self.retries.index(self.value)
+        final, runs = self.finals[self.retries.index(self.value)], len(self.finals)
         return (
-            f"; returned the run with {self.value:.3g} ({self.score} {self.finals[index]:.3g}, "
-            f"the lowest of the {len(self.finals)} runs)"
+            f"; returned the run with {self.value:.3g} ({self.score} {final:.3g}, the lowest "
+            f"of the {runs} runs)"
         )
 
 
-#: the scores a converging run drives down, by which a full run is judged after the tuning
-GRADIENT_SCORES = ("grad_norm", "grad_mapping")
 #: a run has drifted when its final score is above this many times the score its step reached
 #: in the tuning run; DRIFT_NOISY with minibatches, where the run's last iterate is noisier than
 #: the tuning's mean over three seeds and two evaluations
@@ -271,7 +267,7 @@ def drifted(problem: BilevelProblem, result, tuning: Tuning, seed_axis: bool) ->
     drifts on as the penalty exp(x) -> 0 leaves its inner iterates behind, to 0.53 of the
     start's ``||grad F||``; a third of the step drifts less, to 0.27, a tenth ends at 0.10).
     ``result.steps`` must be the full run."""
-    if tuning.score not in GRADIENT_SCORES or tuning.value not in tuning.grid:
+    if tuning.score not in tuning_runs.GRADIENT_SCORES or tuning.value not in tuning.grid:
         return False
     reference = tuning.scores[tuning.grid.index(tuning.value)]
     if not np.isfinite(reference):

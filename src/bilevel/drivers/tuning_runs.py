@@ -27,10 +27,13 @@ __all__ = [
     "settle",
     "merge",
     "DEAD",
+    "GRADIENT_SCORES",
 ]
 
 #: the exact score needs a dense inner Hessian per candidate: only for y of at most this size
 EXACT_MAX_DIM = 300
+#: the scores a converging run drives down, by which a full run is judged after the tuning
+GRADIENT_SCORES = ("grad_norm", "grad_mapping")
 #: drop reasons of a candidate whose run did not finish with finite scores
 DEAD = ("diverged", "not finite")
 #: evaluations of the tuning run (the score averages the last two)
