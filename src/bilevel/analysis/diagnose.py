@@ -270,13 +270,12 @@ def _hessian_yy_extremes(fn, problem, data, n, steps, batch_size, num_batches, s
         batches = [mb.inner(i) for i in range(num_batches)]
     else:
         batches = [data]
-    return _extremes_on(fn, problem, [batches], steps, key)[0]
+    return _extremes_on(fn, problem, batches, steps, key)
 
 
-def _extremes_on(fn, problem, groups, steps, key) -> list:
-    """``(lambda_min, lambda_max, lanczos steps, dim y)`` of the mean over each group of
-    batches (a list of lists of equal shapes: one compiled HVP serves them all) of
-    ``d^2 fn / dy^2`` at (x0, y0)."""
+def _extremes_on(fn, problem, batches, steps, key) -> tuple[float, float, int, int]:
+    """``(lambda_min, lambda_max, lanczos steps, dim y)`` of the mean over ``batches`` (a list
+    of equal shapes: one compiled HVP serves them all) of ``d^2 fn / dy^2`` at (x0, y0)."""
     x, y = problem.x0, problem.y0
     flat_y, unravel = ravel_pytree(y)
     dim = int(flat_y.size)
@@ -289,16 +288,10 @@ def _extremes_on(fn, problem, groups, steps, key) -> list:
         total = sum(ravel_pytree(oracles.hvp_yy(fn, x, y, b, tangent))[0] for b in batches)
         return total / len(batches)
 
-    out = []
-    for batches in groups:
-        lo, hi, k = _lanczos_extremes(
-            lambda v, batches=batches: hvp(jnp.asarray(v), x, y, batches),
-            dim,
-            min(steps, dim),
-            key,
-        )
-        out.append((lo, hi, k, dim))
-    return out
+    lo, hi, k = _lanczos_extremes(
+        lambda v: hvp(jnp.asarray(v), x, y, batches), dim, min(steps, dim), key
+    )
+    return lo, hi, k, dim
 
 
 def _maybe_warn(problem: BilevelProblem, diag: Diagnosis, warn: bool) -> None:
