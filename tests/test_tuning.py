@@ -151,6 +151,19 @@ def test_edge_of_stability_is_not_chosen():
     assert choice.table()["chosen"].sum() == 1
 
 
+def test_when_every_kept_candidate_is_at_the_edge_the_best_of_them_is_chosen():
+    inf = math.inf
+    # the only kept candidate sits between a slower one (dropped as behind) and a diverged one:
+    # it is chosen, not the dropped one below it (bl.solve retries smaller should it diverge)
+    choice = _decide([inf, inf, 0.02, inf, inf], ["F behind", "F behind", "", "no progress",
+                                                  "diverged"])  # fmt: skip
+    assert choice.value == tuning_module.GRID[2]
+    assert choice.largest_stable == tuning_module.GRID[2]
+    # two edge candidates (each one's next larger dropped): the better one
+    choice = _decide([0.5, inf, 0.1, inf], ["", "no progress", "", "diverged"])
+    assert choice.value == tuning_module.GRID[2]
+
+
 def test_next_larger_candidate_within_near_factor():
     choice = _decide([0.9, 0.3, 0.4, 0.8, 0.9], [""] * 5)
     assert choice.value == tuning_module.GRID[2]  # 0.4 <= 1.5 x 0.3

@@ -33,7 +33,11 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
 4. **Choice**: the best-scoring candidate among the *safe* ones, those whose next larger
    candidate was kept too (a step at the edge of stability in a short run can diverge later in
    the run), or the next larger safe one when that scores within :data:`NEAR` (1.5x) of the
-   best: a larger stable step gains more over the rest of the run. (When the inner curvature
+   best: a larger stable step gains more over the rest of the run. When every kept candidate
+   is at the edge (each one's next larger was dropped), the best of them: the one below it was
+   dropped too, as too slow or making no progress (F2SA on a minibatch ridge: 1.0 ends at 0.10
+   of the start's ``||grad F||``, the 0.32 below it, dropped as "F behind", at 0.24), and should
+   the run diverge, point 5's retry takes the next smaller candidate. (When the inner curvature
    grows as x moves, ``bl.solve`` also rescales the ``"auto"`` inner steps along the run,
    :mod:`bilevel.drivers.curvature`. Should the run diverge all the same, its message names
    the next smaller candidate.)
@@ -87,7 +91,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import TailDecay
 from bilevel.drivers import tuning_runs
-from bilevel.drivers.tuning_runs import DEAD, Trial, final_score, merge, scoring_problem, trial
+from bilevel.drivers.tuning_runs import Trial, final_score, merge, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
 __all__ = [
@@ -370,18 +374,15 @@ def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: floa
             f"steps are the likely cause (lr_inner={getattr(solver, 'lr_inner', None)!r}): "
             "lower lr_inner (e.g. to a tenth), or give lr_outer as a number."
         )
-    # a candidate whose next larger one was dropped is at the edge of stability: a short run
-    # says little of the rest of the run (the README's F2SA example: 10 stable for 50 steps,
-    # diverged by step 100 of 500)
-    stable = [i for i, d in enumerate(trial.dropped) if d not in DEAD]
+    # next larger dropped = at the edge of stability, which a short run says little about
+    # (the README's F2SA example: 10 stable for 50 steps, diverged by step 100 of 500)
     safe = [i for i in kept if i + 1 == len(trial.grid) or not trial.dropped[i + 1]]
     if safe:
         choice = min(safe, key=lambda i: trial.scores[i])
         if choice + 1 in safe and trial.scores[choice + 1] <= NEAR * trial.scores[choice]:
             choice += 1
-    else:  # every kept candidate is at the edge: the stable (if slower) one below it
+    else:  # all at the edge, all below them dropped: the best, bl.solve's retry as its guard
         choice = min(kept, key=lambda i: trial.scores[i])
-        choice = choice - 1 if choice - 1 in stable else choice
     return Tuning(
         field="lr_outer",
         value=trial.grid[choice],
