@@ -164,6 +164,16 @@ def test_when_every_kept_candidate_is_at_the_edge_the_best_of_them_is_chosen():
     assert choice.value == tuning_module.GRID[2]
 
 
+def test_a_larger_candidate_behind_in_f_is_no_edge_of_stability():
+    inf = math.inf
+    # the next larger one ran stably to a worse F: the best is safe and chosen
+    choice = _decide([0.9, 0.5, 0.2, inf], ["", "", "", "F behind"])
+    assert choice.value == tuning_module.GRID[2]
+    # one that made no progress marks an edge, as a divergence does: the safe one below
+    choice = _decide([0.9, 0.5, 0.2, inf], ["", "", "", "no progress"])
+    assert choice.value == tuning_module.GRID[1]
+
+
 def test_next_larger_candidate_within_near_factor():
     choice = _decide([0.9, 0.3, 0.4, 0.8, 0.9], [""] * 5)
     assert choice.value == tuning_module.GRID[2]  # 0.4 <= 1.5 x 0.3
