@@ -357,9 +357,6 @@ def tune(
     return dataclasses.replace(tuning, tail=tail_decay(problem, solver, steps))
 
 
-_STABLE = ("", "F behind")  # drop reasons of a candidate that ran stably (point 4)
-
-
 def _best(trial: Trial) -> int:
     return int(np.argmin(trial.scores))
 
@@ -376,7 +373,8 @@ def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: floa
         )
     # next larger unstable (diverged, no progress) = at the edge, which a short run says little
     # about (the README's F2SA example: 10 stable for 50 steps, diverged by step 100 of 500)
-    safe = [i for i in kept if i + 1 == len(trial.grid) or trial.dropped[i + 1] in _STABLE]
+    stable = tuning_runs.RAN_STABLY
+    safe = [i for i in kept if i + 1 == len(trial.grid) or trial.dropped[i + 1] in stable]
     if safe:
         choice = min(safe, key=lambda i: trial.scores[i])
         if choice + 1 in safe and trial.scores[choice + 1] <= NEAR * trial.scores[choice]:

@@ -27,6 +27,7 @@ __all__ = [
     "settle",
     "merge",
     "DEAD",
+    "RAN_STABLY",
     "GRADIENT_SCORES",
 ]
 
@@ -36,6 +37,8 @@ EXACT_MAX_DIM = 300
 GRADIENT_SCORES = ("grad_norm", "grad_mapping")
 #: drop reasons of a candidate whose run did not finish with finite scores
 DEAD = ("diverged", "not finite")
+#: drop reasons of a candidate whose run was stable: kept (""), or behind the best one's F
+RAN_STABLY = ("", "F behind")
 #: evaluations of the tuning run (the score averages the last two)
 EVALUATIONS = 4
 #: a candidate whose exact F ends more than this share of the best decrease behind the best
