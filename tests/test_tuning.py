@@ -227,6 +227,44 @@ def test_an_extended_grid_is_judged_with_the_first():
     assert stuck.dropped == ["", "", "diverged"] and stuck.scores[:2] == [0.6, 0.5]
 
 
+def test_progress_is_judged_by_F_where_the_run_knows_it():
+    """Leaving a flat start, ||grad F|| rises while F falls: progress. Running into a region
+    where the gradient vanishes, ||grad F|| falls while F rises: none. Without F, the score."""
+    import pandas as pd
+
+    def rows(grad, F=None):
+        out = {"step": [0, 50], "grad_norm": grad}
+        return pd.DataFrame(out if F is None else {**out, "F": F})
+
+    assert runs._drop_reason(rows([0.005, 0.05], [0.12, 0.04]), False, "grad_norm", 50) == ""
+    leaving = rows([0.005, 1e-40], [0.12, 0.125])
+    assert runs._drop_reason(leaving, False, "grad_norm", 50) == "no progress"
+    assert runs._drop_reason(rows([0.005, 0.05]), False, "grad_norm", 50) == "no progress"
+    assert runs._drop_reason(rows([0.05, 0.005]), False, "grad_norm", 50) == ""
+
+
+def test_a_default_solve_leaves_a_flat_start_for_x_star_not_a_vanishing_gradient():
+    """y*(x) = sigmoid(log(EPS) - x) (g = 1/2 (EPS (w - 1)^2 + exp(x) w^2), f = 1/2 (w -
+    1/2)^2): F is flat at x0 = 0 (||grad F|| = 0.005), x* = log(EPS), and as x -> -inf
+    ||grad F|| vanishes while F rises above F(x0). Every tuning candidate's ||grad F|| rose on
+    its way to x*, so when that counted as "no progress" none was kept, all were kept as they
+    were, and the saturated one with the smallest gradient won: SOBA ran to x = -4901
+    (||grad F|| = 0 and F behind its start). Judged by F, the candidates heading for x* are
+    kept and the default run converges there (a deterministic problem: to rounding)."""
+    eps = 0.01
+
+    def inner(x, w, _):
+        return 0.5 * jnp.sum(eps * (w - 1.0) ** 2 + jnp.exp(x) * w**2)
+
+    def outer(x, w, _):
+        return 0.5 * jnp.sum((w - 0.5) ** 2)
+
+    problem = bl.BilevelProblem(outer=outer, inner=inner, x0=jnp.zeros(1), y0=jnp.zeros(1))
+    res = bl.solve(problem, bl.solvers.make("soba"), 1000, progress=False)
+    assert res.ok
+    assert float(res.x[0]) == pytest.approx(math.log(eps), abs=1e-6)
+
+
 # ---- where "auto" may not go -----------------------------------------------------------------
 def test_init_without_tuning_says_how(quadratic):
     solver = bl.solvers.make("stocbio").resolve(quadratic)

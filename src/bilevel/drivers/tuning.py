@@ -20,11 +20,11 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    the full outer data).
 3. **Stability**: a candidate that diverged (non-finite values, a metric or the iterates beyond
    ``1e12`` times their start) is dropped, and so is one that did not improve on the start
-   (its score, or the exact value F = f(x, y*(x)) where known, ended above where it began),
-   unless no candidate improved; where F is known, also one whose final F is behind the best
-   candidate's by more than ``tuning_runs.BEHIND`` = 10% of the best decrease
-   ``F(x0) - min F`` (a run into a region where the gradient vanishes has a small
-   ``||grad F||`` but no better point). When every candidate is dropped the grid is
+   (F = f(x, y*(x)) where known, else its score, ended above its start: from a flat start
+   ``||grad F||`` rises as F falls), unless none improved; where F is known, one whose final
+   F is behind the best one's by more than ``tuning_runs.BEHIND`` = 10% of the best decrease
+   ``F(x0) - min F`` (a run into a region where the gradient vanishes: small ``||grad F||``,
+   no better point). When every candidate is dropped the grid is
    extended once downwards (``10^-8.5 ... 10^-3.5``); when the largest is the best, once upwards.
    An extension is judged together with the first grid (``tuning_runs.merge``): measured on a
    digits 3-vs-8 logistic regression with one log-penalty, every candidate above 100 ran x to

@@ -246,10 +246,11 @@ def _drop_reason(rows: pd.DataFrame, diverged: bool, score_name: str, n: int) ->
     values = rows[score_name].to_numpy(float)
     if not np.all(np.isfinite(values)):
         return "not finite"
-    worse = values[-1] > values[0]
-    if "F" in rows:
+    if "F" in rows:  # the objective itself: ||grad F|| rises on the way out of a flat start
         F = rows["F"].to_numpy(float)
-        worse = worse or not np.isfinite(F[-1]) or F[-1] > F[0] + 1e-12 * abs(F[0])
+        worse = not np.isfinite(F[-1]) or F[-1] > F[0] + 1e-12 * abs(F[0])
+    else:
+        worse = values[-1] > values[0]
     return "no progress" if worse else ""
 
 
