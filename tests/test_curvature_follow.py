@@ -11,6 +11,7 @@ moves and converges to x*.
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -115,3 +116,76 @@ def test_online_auto_inner_step_follows_the_stream(name):
     expected = at_start.lr_inner * float(S[0] / S[-1])
     assert res.solver.lr_inner == pytest.approx(expected, rel=1e-4)
     assert float(jnp.linalg.norm(res.x - C)) < 0.1 * float(jnp.linalg.norm(C))
+
+
+# ---- falling curvature: the steps rise with it (offline) -------------------------------------
+#: g(x, w) = 1/2 (EPS (w - 1)^2 + exp(x) w^2): L_g = EPS + exp(x) falls 50x from x0 = 0 to
+#: x* = log(EPS), where y*(x*) = B = 1/2 (f = 1/2 (w - B)^2)
+EPS = 0.01
+
+
+def _falling():
+    def inner(x, w, _):
+        return 0.5 * jnp.sum(EPS * (w - 1.0) ** 2 + jnp.exp(x) * w**2)
+
+    def outer(x, w, _):
+        return 0.5 * jnp.sum((w - 0.5) ** 2)
+
+    return bl.BilevelProblem(outer=outer, inner=inner, x0=jnp.zeros(1), y0=jnp.zeros(1))
+
+
+def test_auto_inner_step_follows_falling_curvature():
+    """SOBA's single y and v steps per x step: with the start's ``1/L_g(x0)`` they contract
+    y and v by only 1 - mu_g/L_g(x0) = 0.98 per step near x*, the lagging estimates make x
+    overshoot, and the run diverges (the control); rescaled as L_g falls (50x at x*: the
+    step rises by whole powers of RISE = 4 below that, to 16x the start's), the same run
+    converges to x* to rounding (a deterministic problem)."""
+    problem = _falling()
+    x_star = np.log(EPS)
+    at_start = bl.solvers.make("soba", lr_outer=3.0).resolve(problem).lr_inner
+    assert at_start == pytest.approx(1.0 / (EPS + 1.0), rel=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", bl.DivergenceWarning)
+        fixed = bl.solve(
+            problem, bl.solvers.make("soba", lr_outer=3.0, lr_inner=at_start), 600, progress=False
+        )
+    assert not fixed.ok
+    res = bl.solve(problem, bl.solvers.make("soba", lr_outer=3.0), 600, progress=False)
+    assert res.ok
+    assert res.solver.lr_inner == pytest.approx(16 * at_start)  # 16 <= L_g(x0)/L_g(x*) < 64
+    assert float(res.x[0]) == pytest.approx(x_star, abs=1e-8)
+
+
+def test_with_minibatches_the_curvature_followed_is_the_batches():
+    """Sample weights sigmoid(x_i) of which one stays at 1/2 while the others vanish: the full
+    data's L_g falls 16x, but a step on a minibatch holding that row meets the curvature of
+    that batch, which falls only 4x (16 rows, batches of 4 that cover them)."""
+    from types import SimpleNamespace
+
+    from bilevel.drivers.curvature import InnerCurvature
+
+    rng = np.random.default_rng(0)
+    A = jnp.asarray(rng.normal(size=(16, 3)))
+
+    def inner(x, w, b):
+        weights = jax.nn.sigmoid(x[b["i"]])
+        return jnp.mean(weights * 0.5 * (b["A"] @ w - 1.0) ** 2) + 0.005 * jnp.sum(w**2)
+
+    problem = bl.BilevelProblem(
+        outer=lambda x, w, b: jnp.sum(w**2),
+        inner=inner,
+        x0=jnp.zeros(16),
+        y0=jnp.zeros(3),
+        inner_data={"A": A, "i": jnp.arange(16)},
+    )
+    solver = bl.solvers.make("soba", batch_size=4, lr_outer=1.0).resolve(problem)
+    x_now = jnp.full(16, -40.0).at[0].set(0.0)
+    one = SimpleNamespace(x=x_now[None], y=jnp.zeros((1, 3)))
+    start = SimpleNamespace(x=jnp.zeros((1, 16)), y=jnp.zeros((1, 3)))
+    follow = InnerCurvature(solver, ["lr_inner"], problem, start)
+    row0 = float(A[0] @ A[0])
+    # the batch holding row 0: 1/4 * 1/2 ||a_0||^2 + 0.01 (the others' weights are e^-40)
+    assert follow.largest(problem, solver, one) == pytest.approx(row0 / 8 + 0.01, rel=1e-6)
+    full = InnerCurvature(bl.solvers.make("soba", lr_outer=1.0).resolve(problem), ["lr_inner"],
+                          problem, start)  # fmt: skip
+    assert full.largest(problem, solver, one) == pytest.approx(row0 / 32 + 0.01, rel=1e-6)

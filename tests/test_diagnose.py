@@ -118,15 +118,15 @@ def test_batch_smoothness_is_the_largest_curvature_of_drawn_and_covering_batches
     several times the full data's, and inner_smoothness takes the larger."""
     from bilevel.analysis.diagnose import (
         BATCH_DRAWS,
-        _covering_batches,
         batch_smoothness,
+        covering_batches,
         inner_smoothness,
     )
     from bilevel.core import sampling
 
     problem, A, ridge = _least_squares()
     key = jax.random.PRNGKey(0)
-    cover = np.asarray(_covering_batches(problem.inner_data, 8, key)["A"])
+    cover = np.asarray(covering_batches(problem.inner_data, 8, key)["A"])
     assert cover.shape == (-(-len(A) // 8), 8, 20)
     assert {tuple(r) for r in cover.reshape(-1, 20)} == {tuple(r) for r in np.asarray(A)}
     mb = sampling.minibatches(key, None, problem.inner_data, 8, outer=0, inner=BATCH_DRAWS)

@@ -29,6 +29,7 @@ __all__ = [
     "diagnose",
     "outer_smoothness",
     "batch_smoothness",
+    "covering_batches",
     "inner_smoothness",
     "NotStronglyConvexWarning",
 ]
@@ -189,14 +190,14 @@ def batch_smoothness(problem: BilevelProblem, batch_size: int, *, seed: int = 0)
             key, None, problem.inner_data, batch_size, outer=0, inner=BATCH_DRAWS
         )
         drawn = jax.tree.map(lambda *b: jnp.stack(b), *[mb.inner(i) for i in range(BATCH_DRAWS)])
-        cover = _covering_batches(problem.inner_data, batch_size, key)
+        cover = covering_batches(problem.inner_data, batch_size, key)
         batches = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), drawn, cover)
         cached = max(_batch_tops(problem, batches, BATCH_LANCZOS_STEPS, key))
         _CACHE.setdefault(problem, {})[settings] = float(cached)
     return float(cached)
 
 
-def _covering_batches(data, batch_size: int, key):
+def covering_batches(data, batch_size: int, key):
     """``data``'s rows as stacked batches (leading axes: batch, row) of ``batch_size`` rows that
     cover every row of a random permutation of at most :data:`BATCH_COVER_ROWS` of them (the
     last batch topped up from the permutation's first rows)."""
