@@ -130,7 +130,8 @@ class F3SA(Solver):
             1/(16 L_g) for the proof; 0.5/L_g makes the y step on the g part (beta = gamma)
             equal to F2SA's default (gamma/2 with gamma = 1/L_g).
         batch_size: minibatch size of every estimator's sample (None = full data).
-        lam0: lambda_0; (9b) asks lambda_0 >= 2 l_{f,1}/mu_g.
+        lam0: lambda_0; (9b) asks lambda_0 >= 2 l_{f,1}/mu_g. ``"auto"``: as F2SA's
+            (:meth:`F2SA.penalty_start`: 100 with exact inner gradients, 10 with sampled ones).
         regime: Corollary 4.4 exponents (a, c): "stochastic" (3/5, 2/5), "outer-noise"
             (1/2, 1/4), "deterministic" (1/3, 0; no momentum), "constant" (1/2, 1/2: Sec.
             4.4's constant lam, eta_k = (k+1)^-1), or "auto" (by the problem's noise, as F2SA).
@@ -154,7 +155,7 @@ class F3SA(Solver):
     lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
-    lam0: float = 10.0
+    lam0: float | str = "auto"
     regime: str = "auto"
     a: float | None = None
     c: float | None = None
@@ -170,7 +171,7 @@ class F3SA(Solver):
     )
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
-    auto_in_step: ClassVar[tuple[str, ...]] = ("regime",)  # from the problem's noise, static
+    auto_in_step: ClassVar[tuple[str, ...]] = ("regime", "lam0")  # by the problem's noise
 
     def validate(self) -> None:
         F2SA.validate(self)  # regime, lam_rule, lam0, k0, a >= c: the same options and names
@@ -189,6 +190,7 @@ class F3SA(Solver):
     #: gamma_k, alpha_k = gamma_k / (lam_ratio lam_k), lam_k and the x step: F2SA's code, with
     #: this class's exponents and lam_ratio = 1
     schedule = F2SA.schedule
+    penalty_start = F2SA.penalty_start
     outer_step_decays = F2SA.outer_step_decays
 
     def momentum(self, problem: BilevelProblem, k):
