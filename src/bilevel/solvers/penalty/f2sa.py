@@ -14,9 +14,10 @@ both by plain stochastic gradient steps. No second derivative is ever evaluated.
 ``lam0="auto"``: eq. (7) asks ``lam_0 >= 2 l_{f,1} / mu_g``, and mu_g can fall far along the
 path (a penalty ``exp(x) -> 0``). With exact inner gradients a larger lambda costs only slower
 y steps on the f part, so the default is 100: on a digits 3-vs-8 logistic regression with one
-log-penalty (full batches, 3000 steps, tuned ``lr_outer``) lam0 = 10 drove x to -9.4 instead
-of x* = -5.9 and ended at 0.15 of its start's ``||grad F||`` (F3SA 0.15), 100 at 0.022 (F3SA
-0.023), while the full-batch rows of ``benchmarks/defaults.py`` stay at or below 0.04. With
+log-penalty (full batches, 3000 steps, tuned ``lr_outer``) lam0 = 10 drove x to -9.4, not to
+the -5.9 that 100 reaches, and ended at 0.15 of its start's ``||grad F||`` (F3SA 0.15), 100
+at 0.022 (F3SA 0.023), while the full-batch rows of ``benchmarks/defaults.py`` stay at or
+below 0.04. With
 sampled inner gradients the x-gradient ``lam (grad_x g(x, y) - grad_x g(x, z))`` carries the
 inner iterates' noise times lambda: there 100 ended at 1.0 on that problem's batches of 32,
 so the default stays 10 (measured 2026-11-28).
