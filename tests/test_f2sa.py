@@ -242,6 +242,22 @@ def test_regime_auto(quad):
     assert bl.solvers.make("f2sa", batch_size=4, a=0.5, c=0.5).exponents(p) == (0.5, 0.5)
 
 
+@pytest.mark.parametrize("name", ["f2sa", "f3sa"])
+def test_auto_lam0_is_larger_with_exact_inner_gradients(name):
+    """lam0="auto": 100 with full inner batches (eq. (7) asks lam0 >= 2 l_f1 / mu_g), 10 when
+    the inner gradients are sampled (the x-gradient carries their noise times lam); a number
+    is taken as given. The schedule starts from it (lam_0 at k = 0, closed form)."""
+    p = bl.problems.quadratic(dx=2, dy=3, stochastic=True, n_samples=16)
+    full = bl.solvers.make(name, lr_outer=0.1).resolve(p)
+    sampled = bl.solvers.make(name, lr_outer=0.1, batch_size=4).resolve(p)
+    assert full.lam0 == sampled.lam0 == "auto"  # resolved where the noise is known: in step
+    assert full.penalty_start(p) == 100.0 and sampled.penalty_start(p) == 10.0
+    assert float(full.schedule(p, 0).lam) == pytest.approx(100.0)
+    assert float(sampled.schedule(p, 0).lam) == pytest.approx(10.0)
+    given = bl.solvers.make(name, lr_outer=0.1, batch_size=4, lam0=3.0).resolve(p)
+    assert float(given.schedule(p, 0).lam) == pytest.approx(3.0)
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="regime='fast'"):
         bl.solvers.make("f2sa", regime="fast")
