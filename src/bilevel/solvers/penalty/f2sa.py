@@ -238,8 +238,9 @@ class F2SA(Solver):
         says why)."""
         if not isinstance(self.lam0, str):  # a number (a traced leaf inside a program)
             return self.lam0
-        noisy_inner = problem.inner_data is not None and self.batch_size is not None
-        return LAM0_NOISY if noisy_inner else LAM0_EXACT
+        # the "stochastic" regime is exactly the one whose inner gradients are sampled
+        sampled = resolve_regime("auto", problem, self.batch_size) == "stochastic"
+        return LAM0_NOISY if sampled else LAM0_EXACT
 
     def outer_step_decays(self, problem: BilevelProblem) -> bool:
         """The x step decays as ``(k0/(k + k0))^a`` (Corollary 4.2), unless ``a = 0``."""
