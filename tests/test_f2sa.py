@@ -258,6 +258,34 @@ def test_auto_lam0_is_larger_with_exact_inner_gradients(name):
     assert float(given.schedule(p, 0).lam) == pytest.approx(3.0)
 
 
+def test_auto_inner_step_is_a_quarter_with_sampled_inner_gradients():
+    """lr_inner="auto" for F2SA: 1 / L_g with exact inner gradients, eq. (3a)'s 1 / (4 L_g)
+    with sampled ones (L_g of the run's batches there); F3SA keeps its 0.5 / L_g in both (its
+    single loop tracks y* with one step per x step: a quarter lagged on the logistic rows)."""
+    from bilevel.analysis.diagnose import inner_smoothness
+
+    p = bl.problems.quadratic(dx=2, dy=3, stochastic=True, n_samples=16)
+    L_full, L_batch = inner_smoothness(p), inner_smoothness(p, 4)
+    full = bl.solvers.make("f2sa", lr_outer=0.1).resolve(p)
+    sampled = bl.solvers.make("f2sa", lr_outer=0.1, batch_size=4).resolve(p)
+    assert full.lr_inner == pytest.approx(1 / L_full, rel=1e-12)
+    assert sampled.lr_inner == pytest.approx(0.25 / L_batch, rel=1e-12)
+    f3sa_full = bl.solvers.make("f3sa", lr_outer=0.1).resolve(p)
+    f3sa = bl.solvers.make("f3sa", lr_outer=0.1, batch_size=4).resolve(p)
+    assert f3sa_full.lr_inner == pytest.approx(0.5 / L_full, rel=1e-12)
+    assert f3sa.lr_inner == pytest.approx(0.5 / L_batch, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["f2sa", "f3sa"])
+def test_a_diverged_run_names_lam0_beside_the_steps(name):
+    """lam multiplies the x step's penalty term, so a smaller lam0 is a fix as much as a
+    smaller lr_outer: the message names both (other solvers name the steps only)."""
+    p = bl.problems.quadratic(dx=2, dy=3)
+    solver = bl.solvers.make(name, lr_outer=1e3, lr_inner=0.1)
+    with pytest.warns(bl.DivergenceWarning, match=r"lr_outer, lr_inner\) or a smaller lam0"):
+        bl.solve(p, solver, steps=40, eval_every=10, progress=False)
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="regime='fast'"):
         bl.solvers.make("f2sa", regime="fast")

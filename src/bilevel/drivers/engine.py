@@ -277,7 +277,7 @@ class Engine:
             )
             return (
                 f"{name} diverged on {problem} ({detail}){rules}. Kept the history and the "
-                "last finite iterates of those seeds; try smaller step sizes (lr_outer, lr_inner)."
+                f"last finite iterates of those seeds; {self.solver.divergence_advice}."
             )
         if self.done < steps and self.out_of_time():
             return (

@@ -155,8 +155,13 @@ class Solver(abc.ABC):
     #: theorem, where the paper has several); every registered solver sets it, and
     #: ``bilevel solvers --long`` and ``docs/solvers.md`` list it
     paper: ClassVar[str] = ""
-    #: ``lr_inner="auto"`` means ``auto_inner_factor / L_g`` (the paper's inner-step rule)
+    #: ``lr_inner="auto"`` means ``auto_inner_factor / L_g`` (the paper's inner-step rule), or
+    #: what :meth:`inner_step_factor` makes of it on the problem at hand
     auto_inner_factor: ClassVar[float] = 1.0
+
+    #: what a diverged run's message advises (a method with another knob that scales its
+    #: steps names it too: F2SA's lam0)
+    divergence_advice: ClassVar[str] = "try smaller step sizes (lr_outer, lr_inner)"
 
     #: fields whose "auto" the method itself settles inside ``step`` (from the problem's
     #: structure, e.g. F2SA's ``regime``), so ``resolve`` need not fill them in
@@ -260,7 +265,7 @@ class Solver(abc.ABC):
     def resolve(self, problem: BilevelProblem) -> Solver:
         """This solver with data-dependent settings filled in (``lr_inner="auto"``).
 
-        ``"auto"`` becomes ``auto_inner_factor / L_g`` with L_g estimated by
+        ``"auto"`` becomes ``inner_step_factor(problem) / L_g`` with L_g estimated by
         :func:`bilevel.analysis.diagnose` at ``(x0, y0)``, or, when the run draws minibatches,
         the minibatches' L_g where it is larger (:meth:`curvature_batch`). ``solve`` calls this
         before compiling.
@@ -269,9 +274,16 @@ class Solver(abc.ABC):
             from bilevel.analysis.diagnose import auto_inner_step
 
             batch = self.curvature_batch(problem)
-            step = auto_inner_step(problem, self.auto_inner_factor, batch)
+            step = auto_inner_step(problem, self.inner_step_factor(problem), batch)
             return dataclasses.replace(self, lr_inner=step)
         return self
+
+    def inner_step_factor(self, problem: BilevelProblem) -> float:
+        """The factor of ``lr_inner="auto"`` (times ``1 / L_g``) on ``problem``:
+        :attr:`auto_inner_factor` here; a method whose paper bounds the step more tightly
+        when the inner gradients are sampled overrides this (F2SA)."""
+        del problem
+        return self.auto_inner_factor
 
     def curvature_batch(self, problem: BilevelProblem) -> int | None:
         """The batch size whose Hessians bound the ``"auto"`` inner steps: ``batch_size`` when

@@ -172,6 +172,7 @@ class F3SA(Solver):
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime", "lam0")  # by the problem's noise
+    divergence_advice: ClassVar[str] = F2SA.divergence_advice
 
     def validate(self) -> None:
         F2SA.validate(self)  # regime, lam_rule, lam0, k0, a >= c: the same options and names
@@ -191,6 +192,7 @@ class F3SA(Solver):
     #: this class's exponents and lam_ratio = 1
     schedule = F2SA.schedule
     penalty_start = F2SA.penalty_start
+    samples_inner_gradients = F2SA.samples_inner_gradients
     outer_step_decays = F2SA.outer_step_decays
 
     def momentum(self, problem: BilevelProblem, k):
