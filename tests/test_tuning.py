@@ -403,9 +403,9 @@ def test_drift_is_judged_on_the_exact_gradient_where_the_run_did_not_record_it()
     ]
     assert score == pytest.approx(np.mean(per_seed), rel=1e-12)
     fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, score / 2))
-    assert tuning_module.drifted(problem, res, fake, seed_axis=True)
+    assert tuning_module.drifted(problem, res, fake, score)
     fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, score * 1.01))
-    assert not tuning_module.drifted(problem, res, fake, seed_axis=True)
+    assert not tuning_module.drifted(problem, res, fake, score)
 
 
 def test_summary_of_a_choice_without_a_score_says_why():

@@ -57,27 +57,45 @@ class Diagnosis:
         return self.mu_g > 1e-10 * max(abs(self.L_g), 1e-30)
 
 
-def _lanczos_extremes(matvec, dim: int, steps: int, key) -> tuple[float, float, int]:
-    """Extreme Ritz values after ``steps`` Lanczos steps with full reorthogonalisation."""
-    v = np.array(jax.random.normal(key, (dim,)), dtype=np.float64)
-    v = v / np.linalg.norm(v)
-    basis, alphas, betas = [v], [], []
+def _lanczos(matvec, start: np.ndarray, steps: int) -> np.ndarray:
+    """Ritz values, ascending, one row per row of ``start`` (``(count, dim)``), after up to
+    ``steps`` Lanczos steps with full reorthogonalisation; ``matvec`` maps ``(count, dim)`` to
+    ``(count, dim)`` row by row (one operator per row). Stops once every row's Krylov space is
+    exhausted; a row exhausted before the others goes on with zero vectors, which adds Ritz
+    values 0 to it (below the top of a positive definite operator, so only its top is
+    meaningful then)."""
+    basis = [start / np.linalg.norm(start, axis=1, keepdims=True)]
+    alphas, betas = [], []
     for j in range(steps):
         w = np.array(matvec(basis[j]), dtype=np.float64)  # a writable copy
-        alpha = float(w @ basis[j])
+        alpha = np.einsum("cd,cd->c", w, basis[j])
         alphas.append(alpha)
-        w = w - alpha * basis[j] - (betas[-1] * basis[j - 1] if j > 0 else 0.0)
+        w -= alpha[:, None] * basis[j] + (betas[-1][:, None] * basis[j - 1] if j else 0.0)
         for q in basis:  # full reorthogonalisation (the basis is small)
-            w -= (w @ q) * q
-        beta = float(np.linalg.norm(w))
-        if j == steps - 1 or beta < 1e-12 * max(1.0, abs(alpha)):
+            w -= np.einsum("cd,cd->c", w, q)[:, None] * q
+        beta = np.linalg.norm(w, axis=1)
+        done = beta < 1e-12 * np.maximum(1.0, np.abs(alpha))
+        if j == steps - 1 or done.all():
             break
+        beta = np.where(done, 0.0, beta)
         betas.append(beta)
-        basis.append(w / beta)
-    k = len(alphas)
-    T = np.diag(alphas) + np.diag(betas[: k - 1], 1) + np.diag(betas[: k - 1], -1)
-    eig = np.linalg.eigvalsh(T)
-    return float(eig[0]), float(eig[-1]), k
+        basis.append(np.where(done[:, None], 0.0, w / np.where(done, 1.0, beta)[:, None]))
+    diagonals = np.stack(alphas, axis=1)
+    offs = np.stack(betas, axis=1) if betas else np.zeros((len(start), 0))
+    return np.stack(
+        [
+            np.linalg.eigvalsh(np.diag(a) + np.diag(b, 1) + np.diag(b, -1))
+            for a, b in zip(diagonals, offs, strict=True)
+        ]
+    )
+
+
+def _lanczos_extremes(matvec, dim: int, steps: int, key) -> tuple[float, float, int]:
+    """Extreme Ritz values of one operator after ``steps`` Lanczos steps (:func:`_lanczos`),
+    and the steps taken."""
+    start = np.array(jax.random.normal(key, (1, dim)), dtype=np.float64)
+    ritz = _lanczos(lambda rows: np.asarray(matvec(rows[0]))[None], start, steps)[0]
+    return float(ritz[0]), float(ritz[-1]), len(ritz)
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -210,8 +228,8 @@ def covering_batches(data, batch_size: int, key):
 
 def _batch_tops(problem: BilevelProblem, batches, steps: int, key) -> np.ndarray:
     """The largest eigenvalue of ``d^2 g/dy^2 (x0, y0; B)`` for each of the stacked
-    ``batches``: Lanczos with full reorthogonalisation (as :func:`_lanczos_extremes`) on all of
-    them at once, one vmapped Hessian-vector product per step."""
+    ``batches``: :func:`_lanczos` on all of them at once, one vmapped Hessian-vector product per
+    step."""
     x, y = problem.x0, problem.y0
     flat_y, unravel = ravel_pytree(y)
     dim = int(flat_y.size)
@@ -226,29 +244,12 @@ def _batch_tops(problem: BilevelProblem, batches, steps: int, key) -> np.ndarray
         return jax.vmap(one)(vs, batches)
 
     v = np.array(jax.random.normal(key, (dim,)), dtype=np.float64)
-    basis = [np.tile(v / np.linalg.norm(v), (count, 1))]
-    alphas, betas = [], []
-    for j in range(min(steps, dim)):
-        w = np.array(hvps(jnp.asarray(basis[j]), x, y, batches), dtype=np.float64)
-        alpha = np.einsum("cd,cd->c", w, basis[j])
-        alphas.append(alpha)
-        w -= alpha[:, None] * basis[j] + (betas[-1][:, None] * basis[j - 1] if j else 0.0)
-        for q in basis:
-            w -= np.einsum("cd,cd->c", w, q)[:, None] * q
-        beta = np.linalg.norm(w, axis=1)
-        # a batch whose Krylov space is exhausted: zero vectors from here (their Ritz values
-        # are 0, below the top of a Hessian that is positive definite)
-        done = beta < 1e-12 * np.maximum(1.0, np.abs(alpha))
-        beta = np.where(done, 0.0, beta)
-        betas.append(beta)
-        basis.append(np.where(done[:, None], 0.0, w / np.where(done, 1.0, beta)[:, None]))
-    k = len(alphas)
-    tops = []
-    for c in range(count):
-        a = np.array([al[c] for al in alphas])
-        b = np.array([be[c] for be in betas[: k - 1]])
-        tops.append(np.linalg.eigvalsh(np.diag(a) + np.diag(b, 1) + np.diag(b, -1))[-1])
-    return np.array(tops)
+    ritz = _lanczos(
+        lambda rows: hvps(jnp.asarray(rows), x, y, batches),
+        np.tile(v, (count, 1)),
+        min(steps, dim),
+    )
+    return ritz[:, -1]
 
 
 def inner_smoothness(problem: BilevelProblem, batch_size: int | None = None) -> float:

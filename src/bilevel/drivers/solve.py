@@ -170,15 +170,15 @@ def _solve(problem, solver: Solver, plan: _Plan) -> tuple[Result, str | None]:
     parallel.check_batch_size(getattr(solver, "batch_size", None), plan.mesh)
     check_convexity(problem)
     result, stopped, spent = _attempt(problem, solver, tuning, plan)
-    runs = [_Run(result, spent, tuning)]
+    runs = [_Run(result, spent, tuning, _final(problem, result, tuning, plan))]
     # a tuned step whose run diverged or drifted: the next smaller candidate
-    while stopped is None and (reason := _retry_reason(problem, result, tuning, plan)):
+    while stopped is None and (reason := _retry_reason(problem, runs[-1], plan)):
         tuning = tuning.retried(_smaller(tuning), spent, reason)
         solver = dataclasses.replace(solver, lr_outer=tuning.step)
         result, stopped, spent = _attempt(problem, solver, tuning, plan)
-        runs.append(_Run(result, spent, tuning))
+        runs.append(_Run(result, spent, tuning, _final(problem, result, tuning, plan)))
     if stopped is None and len(runs) > 1:
-        result, tuning = _lowest(problem, runs, plan)
+        result, tuning = _lowest(runs)
     _note_tuning(result, tuning)
     return result, stopped
 
@@ -190,15 +190,16 @@ class _Run(NamedTuple):
     result: Result
     spent: dict[str, int]
     tuning: Any
+    final: float  # its final gradient-type score (:func:`_final`), computed once
 
 
-def _lowest(problem, runs: list[_Run], plan: _Plan) -> tuple[Result, Any]:
+def _lowest(runs: list[_Run]) -> tuple[Result, Any]:
     """After retries: the run whose gradient-type score ended lowest among those that ran all
     their steps without diverging (the latest on a tie; the last run when none did), with its
     history's counts raised to include every run's work, and the final tuning that records the
     choice (:meth:`bilevel.drivers.tuning.Tuning.kept`)."""
     last = runs[-1]
-    finals = [_final(problem, run.result, last.tuning, plan) for run in runs]
+    finals = [run.final for run in runs]
     ranked = [(f, -i) for i, f in enumerate(finals) if math.isfinite(f)]
     index = -min(ranked)[1] if ranked else len(runs) - 1
     kept = runs[index]
@@ -210,9 +211,11 @@ def _lowest(problem, runs: list[_Run], plan: _Plan) -> tuple[Result, Any]:
 
 
 def _final(problem, result: Result, tuning, plan: _Plan) -> float:
-    """A full run's final gradient-type score (``nan`` when it diverged, stopped early or the
-    tuning's score is not gradient-type)."""
-    if result.diverged or result.steps != plan.steps or tuning.score not in GRADIENT_SCORES:
+    """A full run's final gradient-type score (``nan`` when the step was not tuned, or the run
+    diverged, stopped early or the tuning's score is not gradient-type)."""
+    if tuning is None or result.diverged or result.steps != plan.steps:
+        return math.nan
+    if tuning.score not in GRADIENT_SCORES:
         return math.nan
     return final_score(problem, result, tuning.score, plan.batched)
 
@@ -287,15 +290,16 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
 MAX_RETRIES = 2
 
 
-def _retry_reason(problem, result: Result, tuning, plan: _Plan) -> str:
+def _retry_reason(problem, run: _Run, plan: _Plan) -> str:
     """Why to run again with a smaller tuned step, or ``""``: the step was tuned, retries are
     left, there is no checkpoint (a retry would be a different run there), and the run diverged,
     or ran all its steps and drifted (:func:`bilevel.drivers.tuning.drifted`)."""
+    tuning = run.tuning
     if tuning is None or len(tuning.retries) >= MAX_RETRIES or plan.ckpt_dir is not None:
         return ""
-    if result.diverged:
+    if run.result.diverged:
         return "diverged"
-    if result.steps == plan.steps and drifted(problem, result, tuning, plan.batched):
+    if run.result.steps == plan.steps and drifted(problem, run.result, tuning, run.final):
         return "drifted"
     return ""
 

@@ -258,7 +258,7 @@ class Tuning:
 DRIFT, DRIFT_NOISY = 1.0, 2.0
 
 
-def drifted(problem: BilevelProblem, result, tuning: Tuning, seed_axis: bool) -> bool:
+def drifted(problem: BilevelProblem, result, tuning: Tuning, final: float) -> bool:
     """Whether the full run with the tuned step ended *worse* than the tuning run of that step.
 
     Only for gradient-type scores (``grad_norm``, ``grad_mapping``), which a converging run
@@ -267,13 +267,13 @@ def drifted(problem: BilevelProblem, result, tuning: Tuning, seed_axis: bool) ->
     L2-penalised logistic regression passes the optimum at step 150 with the tuned step, then
     drifts on as the penalty exp(x) -> 0 leaves its inner iterates behind, to 0.53 of the
     start's ``||grad F||``; a third of the step drifts less, to 0.27, a tenth ends at 0.10).
-    ``result.steps`` must be the full run."""
+    ``result.steps`` must be the full run, ``final`` its final score
+    (:func:`bilevel.drivers.tuning_runs.final_score`)."""
     if tuning.score not in tuning_runs.GRADIENT_SCORES or tuning.value not in tuning.grid:
         return False
     reference = tuning.scores[tuning.grid.index(tuning.value)]
     if not np.isfinite(reference):
         return False
-    final = final_score(problem, result, tuning.score, seed_axis)
     noisy = result.solver.draws_minibatches(problem)
     return bool(final > (DRIFT_NOISY if noisy else DRIFT) * reference)
 
