@@ -189,3 +189,69 @@ def test_with_minibatches_the_curvature_followed_is_the_batches():
     full = InnerCurvature(bl.solvers.make("soba", lr_outer=1.0).resolve(problem), ["lr_inner"],
                           problem, start)  # fmt: skip
     assert full.largest(problem, solver, one) == pytest.approx(row0 / 32 + 0.01, rel=1e-6)
+
+
+def _digits_cleaning(n=60):
+    """Hyper-cleaning of n digits (sample weights sigmoid(x_i), softmax regression from zero
+    weights, where its Hessian is 1/10 of its largest), on the box [-3, 3]^n."""
+    from sklearn.datasets import load_digits
+
+    X, labels = load_digits(return_X_y=True)
+    std = X.std(0)
+    X = (X - X.mean(0)) / np.where(std > 0, std, 1.0)
+    order = np.random.default_rng(0).permutation(len(X))
+    train, val = order[:n], order[n : 2 * n]
+
+    def ce(W, b):
+        logits = b["X"] @ W
+        return jax.nn.logsumexp(logits, 1) - jnp.take_along_axis(logits, b["Y"][:, None], 1)[:, 0]
+
+    def inner(x, W, b):
+        return jnp.mean(jax.nn.sigmoid(x[b["i"]]) * ce(W, b)) + 1e-3 * jnp.sum(W**2)
+
+    return bl.BilevelProblem(
+        outer=lambda x, W, b: jnp.mean(ce(W, b)),
+        inner=inner,
+        x0=jnp.zeros(n),
+        y0=jnp.zeros((64, 10)),
+        inner_data={
+            "X": jnp.asarray(X[train]),
+            "Y": jnp.asarray(labels[train]),
+            "i": jnp.arange(n),
+        },  # fmt: skip
+        outer_data={"X": jnp.asarray(X[val]), "Y": jnp.asarray(labels[val])},
+        x_set=bl.sets.Box(-3.0, 3.0),
+    )
+
+
+def test_a_flat_start_is_looked_past_before_the_first_re_estimate(monkeypatch):
+    """From zero softmax weights one plain inner step meets a far larger curvature than the
+    start's, so the "auto" steps start at c / L_g there (``InnerCurvature.at_start``). The
+    control: SBFW (a 50-term Neumann series at the inner step) with minibatches of 16 diverges
+    within its first 50 steps when the steps are sized at (x0, y0), and completes with the
+    look-ahead."""
+    from bilevel.drivers.curvature import InnerCurvature
+
+    problem = _digits_cleaning()
+    solver = bl.solvers.make("sbfw", batch_size=16)
+    resolved = solver.resolve(problem)
+    state = resolved.init(problem, jax.random.PRNGKey(0))
+    state = jax.tree.map(lambda a: a[None], state)  # one seed
+    follow = InnerCurvature(resolved, ["lr_inner", "neumann_lr"], problem, state)
+    looked = follow.at_start(problem, resolved, state)
+    x0, y0 = problem.x0[None], problem.y0[None]
+    grad = jax.vmap(jax.grad(problem.inner, argnums=1), in_axes=(0, 0, None))
+    ahead = follow._largest_at(x0, y0 - grad(x0, y0, problem.inner_data) / follow.start)
+    assert ahead > 2 * follow.start  # the first step's curvature, well above the start's
+    for name in ("lr_inner", "neumann_lr"):
+        scaled = getattr(looked, name) / getattr(resolved, name)
+        assert scaled == pytest.approx(follow.start / ahead, rel=1e-9)
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", bl.DivergenceWarning)
+            return bl.solve(problem, solver, steps=50, eval_every=50, progress=False)
+
+    assert run().ok
+    monkeypatch.setattr(InnerCurvature, "at_start", lambda self, problem, solver, state: solver)
+    assert not run().ok  # the control: the start's steps diverge before the first re-estimate

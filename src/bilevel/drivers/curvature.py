@@ -20,6 +20,15 @@ regression there (``exp(x) -> 0.0025``, L_g from 3.64 to 0.149): SOBA with ``lr_
 reached 0.02 of its start's ``||grad F||``, drifted and diverged at step 2100 with the start's
 step, and ends at 2e-17 with the rising one.
 
+A start can be far flatter than where the first steps go: a softmax regression from zero
+weights has the Hessian ``(1/K)(I - 11^T/K) (x) xx^T`` there, 1/K of its largest, and one step
+on the 300-digit hyper-cleaning of docs/step_sizes.md raised the batches' L_g 2.4x (1.35 to
+3.18). A step sized at the start is then unstable before the first re-estimate: SBFW's 50-term
+Neumann series with minibatches of 32 ran to 1e12 within 100 steps. So before the run, the
+steps are scaled as a re-estimate would scale them at one plain inner step ahead, ``y0 -
+grad_y g(x0, y0) / L_g(x0, y0)``, where L_g there exceeds the start's by more than
+:data:`AHEAD_MARGIN` (:meth:`InnerCurvature.at_start`; offline only).
+
 L_g is estimated by :data:`POWER_STEPS` power iterations on Hessian-vector products of g in y
 (a fixed pseudo-random start) on the inner data, or on a fixed random subset of
 :data:`MAX_ROWS` rows of it; the same estimator at the start and along the run, so its bias
@@ -54,6 +63,7 @@ __all__ = [
     "POWER_STEPS",
     "RISE",
     "MAX_ROWS",
+    "AHEAD_MARGIN",
 ]
 
 #: the steps rise by whole powers of this factor only (:class:`InnerCurvature`)
@@ -62,6 +72,9 @@ RISE = 4.0
 POWER_STEPS = 20
 #: the estimate uses at most this many rows of the inner data (a fixed random subset)
 MAX_ROWS = 4096
+#: :meth:`InnerCurvature.at_start` scales the steps down only where L_g one step ahead exceeds
+#: the start's by more than this factor (a few per cent is the estimates' own spread)
+AHEAD_MARGIN = 1.1
 
 
 def followed_fields(template: Solver, resolved: Solver) -> list[str]:
@@ -105,11 +118,27 @@ class InnerCurvature:
         batch = resolved.curvature_batch(problem)
         batched = isinstance(batch, int) and problem.inner_data is not None
         self._estimate = _estimator(problem.inner, grid, batched)
-        self._data = _subset(problem.inner_data)
+        self._rows = self._data = _subset(problem.inner_data)
         if batched:  # the minibatches' curvature, which the steps of such a run must respect
             self._data = covering_batches(self._data, batch, jax.random.PRNGKey(0))
+        self._step_ahead = _stepper(problem.inner, grid)
         self._follow(resolved, fields, problem, start)
         self.scale = 1.0 if not grid else np.ones_like(self.start)
+
+    def at_start(self, problem: BilevelProblem, solver: Solver, state) -> Solver:
+        """``solver`` with its followed steps scaled down where L_g one plain inner step
+        ``y0 - grad_y g(x0, y0) / L_g(x0, y0)`` away is larger than at ``(x0, y0)``: a start
+        can be far flatter than where the first steps go (a softmax regression from zero
+        weights, whose Hessian is ``1/K`` of its largest there; module docstring), and a step
+        sized for it is unstable there well before the first re-estimate, ADAPT_EVERY steps
+        on. The scale is the one a re-estimate at that point would set, so later re-estimates
+        continue the same rule."""
+        x, y = solver.output(state)
+        step = 1.0 / np.where(self.start > 0, self.start, np.inf)
+        ahead = self._step_ahead(x, y, self._rows, np.asarray(step, dtype=float))
+        ahead_L = self._largest_at(x, ahead)
+        now = np.where(ahead_L > AHEAD_MARGIN * self.start, ahead_L, self.start)
+        return self(problem, solver, None, now=now)
 
     def _follow(self, resolved: Solver, fields: list[str], problem, start) -> None:
         """The followed fields, their values at the start, and L_g there."""
@@ -120,13 +149,17 @@ class InnerCurvature:
     def largest(self, problem: BilevelProblem, solver: Solver, state):
         """The largest estimate of L_g over the seeds of ``state`` (per grid point in a
         sweep, whose state has a leading axis of points)."""
-        x, y = solver.output(state)
+        return self._largest_at(*solver.output(state))
+
+    def _largest_at(self, x, y):
         values = np.asarray(self._estimate(x, y, self._data))
         return np.max(np.where(np.isfinite(values), values, 0.0), axis=-1)
 
-    def __call__(self, problem: BilevelProblem, solver: Solver, state) -> Solver:
-        """``solver`` with its followed steps rescaled for ``state``."""
-        now = self.largest(problem, solver, state)
+    def __call__(self, problem: BilevelProblem, solver: Solver, state, now=None) -> Solver:
+        """``solver`` with its followed steps rescaled for ``state`` (or for the curvature
+        ``now`` where it is given)."""
+        if now is None:
+            now = self.largest(problem, solver, state)
         ok = (now > 0) & (self.start > 0)
         ratio = np.where(ok, np.minimum(self.most, self.start / np.where(ok, now, 1.0)), 1.0)
         # a rise in whole powers of RISE: the estimates' noise does not move a rising step
@@ -199,6 +232,21 @@ def _estimator(inner, grid: bool, batched: bool = False):
     fn = jax.vmap(one, in_axes=(0, 0, None))
     if grid:
         fn = jax.vmap(fn, in_axes=(0, 0, None))
+    return jax.jit(fn, **jit_options())
+
+
+@functools.lru_cache(maxsize=32)
+def _stepper(inner, grid: bool):
+    """The compiled plain inner step ``y - step grad_y g(x, y)`` per seed (and grid point, each
+    with its own ``step``), for :meth:`InnerCurvature.at_start`."""
+
+    def one(x, y, data, step):
+        grad = oracles.grad_y(inner, x, y, data)
+        return jax.tree.map(lambda a, d: a - jnp.asarray(step, a.dtype) * d, y, grad)
+
+    fn = jax.vmap(one, in_axes=(0, 0, None, None))
+    if grid:
+        fn = jax.vmap(fn, in_axes=(0, 0, None, 0))
     return jax.jit(fn, **jit_options())
 
 

@@ -263,6 +263,8 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
     state = init_states(solver, placed, plan.seeds, plan.init, mesh=plan.mesh)
     followed = followed_fields(template, solver)
     adapt = InnerCurvature(solver, followed, placed, state) if followed else None
+    if adapt is not None:
+        solver = adapt.at_start(placed, solver, state)
     history = History(plan.seeds, offset=None if tuning is None else tuning.counts)
     checkpointer = _checkpointer(problem, solver, plan)
     resume = None if checkpointer is None else checkpointer.load(state, history, plan.steps)

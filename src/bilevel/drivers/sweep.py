@@ -333,6 +333,8 @@ def _run_batch(problem, batch, seeds, schedule: Schedule, progress, init, settin
     display = Progress(progress, schedule.steps, name, problem.name, runs)
     followed = _followed([s for _, s in batch]) if grid_mesh is None else []
     adapt = InnerCurvature(stacked, followed, problem, state, grid=True) if followed else None
+    if adapt is not None:
+        stacked = adapt.at_start(problem, stacked, state)
     engine = Engine(problem, stacked, schedule, history, display, settings=settings, adapt=adapt)
     engine.start(state)
     try:
