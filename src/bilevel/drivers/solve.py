@@ -212,8 +212,11 @@ def _lowest(runs: list[_Run]) -> tuple[Result, Any]:
 
 def _final(problem, result: Result, tuning, plan: _Plan) -> float:
     """A full run's final gradient-type score (``nan`` when the step was not tuned, or the run
-    diverged, stopped early or the tuning's score is not gradient-type)."""
-    if tuning is None or result.diverged or result.steps != plan.steps:
+    diverged, stopped early or the tuning's score is not gradient-type, and for a checkpointed
+    run, which is never retried, so nothing reads it)."""
+    if tuning is None or plan.ckpt_dir is not None:
+        return math.nan
+    if result.diverged or result.steps != plan.steps:
         return math.nan
     if tuning.score not in GRADIENT_SCORES:
         return math.nan
