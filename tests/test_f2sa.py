@@ -173,6 +173,32 @@ def test_stochastic_step_uses_a_fresh_sample_per_oracle(shared):
     assert int(new.counts.samples_outer) == bs * (T + 1)
 
 
+def test_the_x_gradients_of_g_share_a_sample_by_default():
+    """Appendix C's shared sample is the default: with y = z = y*(x), the penalty term
+    lam (grad_x g(x, y; phi) - grad_x g(x, z; phi)) vanishes on one draw, while two independent
+    draws add lam times the sample noise of grad_x g (here w_i v_i^T: the module docstring).
+    The spread of one x step over 32 keys is the outer sample's alone with the default."""
+    p = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=50, noise=1.0)
+    x = jnp.ones(3)
+    y_star = jnp.asarray(p.reference.y_star(np.ones(3)))
+    options = dict(lr_outer=0.1, lr_inner=1e-12, batch_size=5, inner_steps=1, lam0=10.0)
+    keys = jax.random.split(jax.random.PRNGKey(0), 32)
+
+    def spread(solver):
+        def x_step(key):
+            state = solver.init(p, key)._replace(x=x, y=y_star, z=y_star)
+            return solver.step(p, state).x
+
+        return float(jnp.linalg.norm(jnp.std(jax.vmap(x_step)(keys), axis=0)))
+
+    default = bl.solvers.make("f2sa", **options)
+    assert default.shared_x_sample
+    outer_only = spread(default)
+    independent = spread(bl.solvers.make("f2sa", shared_x_sample=False, **options))
+    # lam = 10 times the cross-derivative noise against grad_x f's noise alone
+    assert outer_only < 0.2 * independent, (outer_only, independent)
+
+
 def test_deterministic_quadratic_reaches_1e3_within_its_bias(quad):
     """Done-means: ||grad F(x_K)|| <= 1e-3 ||grad F(x_0)||, within F2SA's O(1/lam) bias.
 
