@@ -270,18 +270,40 @@ def test_regime_auto(quad):
 
 @pytest.mark.parametrize("name", ["f2sa", "f3sa"])
 def test_auto_lam0_is_larger_with_exact_inner_gradients(name):
-    """lam0="auto": 100 with full inner batches (eq. (7) asks lam0 >= 2 l_f1 / mu_g), 10 when
-    the inner gradients are sampled (the x-gradient carries their noise times lam); a number
-    is taken as given. The schedule starts from it (lam_0 at k = 0, closed form)."""
+    """lam0="auto": 100 with full inner batches (eq. (7) asks lam0 >= 2 l_f1 / mu_g), less when
+    the inner gradients are sampled (the x-gradient carries their noise times lam): F2SA's 10,
+    F3SA's max(1, 4 gamma_0 L_f) (test below); a number is taken as given. The schedule starts
+    from it (lam_0 at k = 0, closed form)."""
     p = bl.problems.quadratic(dx=2, dy=3, stochastic=True, n_samples=16)
     full = bl.solvers.make(name, lr_outer=0.1).resolve(p)
     sampled = bl.solvers.make(name, lr_outer=0.1, batch_size=4).resolve(p)
-    assert full.lam0 == sampled.lam0 == "auto"  # resolved where the noise is known: in step
-    assert full.penalty_start(p) == 100.0 and sampled.penalty_start(p) == 10.0
+    assert full.lam0 == "auto" and full.penalty_start(p) == 100.0
     assert float(full.schedule(p, 0).lam) == pytest.approx(100.0)
-    assert float(sampled.schedule(p, 0).lam) == pytest.approx(10.0)
+    noisy = 10.0 if name == "f2sa" else sampled.lam0
+    assert noisy < 100.0 and float(sampled.schedule(p, 0).lam) == pytest.approx(noisy)
     given = bl.solvers.make(name, lr_outer=0.1, batch_size=4, lam0=3.0).resolve(p)
-    assert float(given.schedule(p, 0).lam) == pytest.approx(3.0)
+    assert given.lam0 == 3.0 and float(given.schedule(p, 0).lam) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_f3sa_sampled_lam0_bounds_the_y_step_on_f(scale):
+    """F3SA's lam0="auto" with sampled inner gradients is max(1, 4 gamma_0 L_f): its y step on
+    f, alpha_0 = gamma_0 / lam0 (eq. (9b)), is at most a quarter of 1 / L_f, also when f is
+    scaled up against g (scale 30: lam0 follows, and y's whole step on f + lam0 g stays below
+    1 / its curvature)."""
+    from bilevel.analysis.diagnose import inner_smoothness, outer_smoothness
+
+    base = bl.problems.quadratic(dx=2, dy=3, stochastic=True, n_samples=16)
+    p = base.replace(outer=lambda x, y, b: scale * base.outer(x, y, b))
+    solver = bl.solvers.make("f3sa", lr_outer=0.1, batch_size=4).resolve(p)
+    gamma0, L_f = solver.lr_inner, outer_smoothness(p)
+    assert solver.lam0 == pytest.approx(max(1.0, 4 * gamma0 * L_f))
+    alpha0 = float(solver.schedule(p, 0).alpha)
+    assert alpha0 * L_f <= 0.25 + 1e-9
+    L_g = inner_smoothness(p, 4)
+    assert alpha0 * (L_f + solver.lam0 * L_g) < 1.0
+    if scale > 1:
+        assert solver.lam0 > 1.0  # the floor does not bind: lam0 follows f's scale
 
 
 def test_auto_inner_step_is_a_quarter_with_sampled_inner_gradients():
