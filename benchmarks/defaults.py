@@ -1,13 +1,15 @@
 """Every offline solver with its defaults on problems nobody tuned them for (issue: defaults).
 
-Three small scikit-learn problems built the way a new user would build them:
+Four small scikit-learn problems built the way a new user would build them:
 
 - ``ridge``: diabetes regression with a per-feature ridge penalty ``exp(x_j) w_j^2`` (x in R^10);
+- ``ridge_raw``: the same written otherwise (halved losses, targets not centred, another
+  split), which ends far more ill-conditioned (:func:`ridge_raw`);
 - ``logistic``: breast-cancer logistic regression with one log-penalty ``exp(x) ||w||^2``;
 - ``cleaning``: wine softmax regression with 30% of the training labels corrupted and one
   weight ``sigmoid(x_i)`` per training sample (data hyper-cleaning, x in R^106),
 
-each deterministic (full batches) and with minibatches (32, 64, 32). Every solver of
+each deterministic (full batches) and with minibatches (32, 32, 64, 32). Every solver of
 ``bl.solvers.names()`` runs ``bl.solve(problem, bl.solvers.make(name, batch_size=...),
 steps=3000)`` with nothing else set (PZOBO-S and SABA need minibatches: they get them in both
 columns); the Frank-Wolfe methods (IBCG, SBFW) get the box ``[-3, 3]^d`` as ``x_set``.
@@ -20,7 +22,7 @@ Run: ``python benchmarks/defaults.py [--problems ridge logistic] [--solvers f2sa
 On a machine with many cores, one process per problem and solver (docs/step_sizes.md's table:
 16 cores, 153 s)::
 
-    for p in cleaning logistic ridge; do for s in $(python -c "import bilevel as bl; \\
+    for p in cleaning logistic ridge ridge_raw; do for s in $(python -c "import bilevel as bl; \\
       print(*bl.solvers.names())"); do echo $p $s; done; done | JAX_PLATFORMS=cpu xargs -P 16 \\
       -L 1 sh -c 'python benchmarks/defaults.py --problems $0 --solvers $1 | tail -n +2'
 """
@@ -81,6 +83,33 @@ def ridge():
     )
 
 
+def ridge_raw():
+    """``ridge`` as a user might write it otherwise: halved losses, targets scaled but not
+    centred (there is no intercept), another split. Its penalties end near ``exp(x_j) ~ 1000``
+    with ``L_g / mu_g ~ 1850`` at ``x*`` (``ridge``: 195), which the methods that truncate the
+    inner solve or the adjoint (ITD, AID-FP, stocBiO) feel as a bias."""
+    X, y = load_diabetes(return_X_y=True)
+    X, y = _standardise(X), y / y.std()
+    Xt, yt, Xv, yv = _split(X, y, 0.6, seed=7)
+
+    def inner(x, w, b):
+        return 0.5 * jnp.mean((b["X"] @ w - b["Y"]) ** 2) + 0.5 * jnp.sum(jnp.exp(x) * w**2)
+
+    def outer(x, w, b):
+        return 0.5 * jnp.mean((b["X"] @ w - b["Y"]) ** 2)
+
+    d = X.shape[1]
+    return bl.BilevelProblem(
+        outer=outer,
+        inner=inner,
+        x0=jnp.zeros(d),
+        y0=jnp.zeros(d),
+        outer_data=_data(Xv, yv),
+        inner_data=_data(Xt, yt),
+        name="ridge_raw",
+    )
+
+
 def logistic():
     X, y = load_breast_cancer(return_X_y=True)
     X, y = _standardise(X), 2.0 * y - 1.0
@@ -134,7 +163,12 @@ def cleaning():
     )
 
 
-PROBLEMS = {"ridge": (ridge, 32), "logistic": (logistic, 64), "cleaning": (cleaning, 32)}
+PROBLEMS = {
+    "ridge": (ridge, 32),
+    "ridge_raw": (ridge_raw, 32),
+    "logistic": (logistic, 64),
+    "cleaning": (cleaning, 32),
+}
 
 
 def measure(problem, x) -> float:

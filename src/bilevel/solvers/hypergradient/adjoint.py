@@ -79,27 +79,42 @@ class Adjoint(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class _Krylov(Adjoint):
-    """K iterations of a linear solver on ``H v = rhs`` from v = 0, one product each: on one
-    shared Hessian sample (a consistent system), or, with ``fresh``, a new sample per product
+    """K iterations of a linear solver on ``H v = rhs``, one product each: on one shared
+    Hessian sample (a consistent system), or, with ``fresh``, a new sample per product
     (hypertorch's ``stochastic=True``: the stochastic AID-FP and AID-CG of Sow, Ji & Liang,
-    NeurIPS 2022, Sec. 4.2 and App. B.3)."""
+    NeurIPS 2022, Sec. 4.2 and App. B.3).
+
+    From v = 0 (hypertorch), or, with ``warm``, from the previous step's v (the warm-started
+    adjoint of AID-BiO, Ji, Yang & Liang, ICML 2021, Alg. 1, and of AmIGO, Arbel & Mairal,
+    ICLR 2022): the K iterations of successive steps then add up while x moves slowly, so the
+    truncation ``(I - lr H)^K`` of a cold start no longer biases the hypergradient when
+    ``L_g / mu_g`` is far above K.
+    """
 
     num_iters: int
     fresh: bool = False
+    warm: bool = False
+
+    @property
+    def carries_iterate(self) -> bool:  # type: ignore[override]
+        return self.warm
 
     @property
     def draws(self) -> int:
         return self.num_iters if self.fresh else 1
 
     def solve(self, hessian, rhs, key, v0=None):
-        del key, v0  # from v = 0 every step
+        del key
+        init = v0 if self.warm else None  # a cold start from v = 0 otherwise
         if self.fresh:
-            return self.run(lambda v, i: hessian(i)(v), rhs, indexed=True), self.num_iters
-        return self.run(hessian(0), rhs, indexed=False), self.num_iters
+            v = self.run(lambda v, i: hessian(i)(v), rhs, indexed=True, init=init)
+        else:
+            v = self.run(hessian(0), rhs, indexed=False, init=init)
+        return v, self.num_iters
 
     @abc.abstractmethod
-    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
-        """The solver's K iterations."""
+    def run(self, matvec, rhs, *, indexed: bool, init=None) -> PyTree:
+        """The solver's K iterations from ``init`` (None: zeros)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +122,8 @@ class ConjugateGradient(_Krylov):
     """K conjugate-gradient iterations (Hestenes & Stiefel 1952; AID-CG of Grazzi et al., ICML
     2020, and Rajeswaran et al., NeurIPS 2019): ``linsolve.cg``."""
 
-    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
-        return linsolve.cg(matvec, rhs, num_iters=self.num_iters, indexed=indexed)
+    def run(self, matvec, rhs, *, indexed: bool, init=None) -> PyTree:
+        return linsolve.cg(matvec, rhs, num_iters=self.num_iters, init=init, indexed=indexed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +133,9 @@ class FixedPoint(_Krylov):
 
     lr: Any = None  # eta < 2 / L_g (a float leaf of the solver, traced under jit)
 
-    def run(self, matvec, rhs, *, indexed: bool) -> PyTree:
+    def run(self, matvec, rhs, *, indexed: bool, init=None) -> PyTree:
         return linsolve.fixed_point(
-            matvec, rhs, lr=self.lr, num_iters=self.num_iters, indexed=indexed
+            matvec, rhs, lr=self.lr, num_iters=self.num_iters, init=init, indexed=indexed
         )
 
 

@@ -28,16 +28,18 @@ __all__ = ["AIDFP"]
 @dataclasses.dataclass(frozen=True)
 class AIDFP(AID):
     r"""AID-FP (Grazzi et al., ICML 2020): the adjoint by K fixed-point iterations
-    ``v <- v - fp_lr ([d^2 g/dy^2] v - grad_y f)`` from v = 0 (``linsolve.fixed_point``).
+    ``v <- v - fp_lr ([d^2 g/dy^2] v - grad_y f)`` from the previous step's v
+    (``linsolve.fixed_point``).
 
     The iteration and its draws (the "Draws" table) are
     :class:`~bilevel.solvers.hypergradient.implicit.AID`'s.
 
     Args:
-        lr_outer, lr_inner, batch_size, inner_steps, warm_start, fresh_hessian: as
+        lr_outer, lr_inner, batch_size, inner_steps, warm_start, fresh_hessian, warm_adjoint: as
             :class:`~bilevel.solvers.hypergradient.aid_cg.AIDCG`.
         linsolve_steps: K, fixed-point iterations (K = N = 20 in the PZOBO paper's App. B.2).
-            The truncation leaves a bias ``(I - fp_lr H)^K`` on the adjoint.
+            From v = 0 the truncation leaves a bias ``(I - fp_lr H)^K`` on the adjoint;
+            ``warm_adjoint`` carries v over so that successive steps' iterations add up.
         fp_lr: step of the fixed-point iteration, below 2/L_g; None = ``lr_inner`` (the map
             Psi(y) = y - lr_inner grad_y g of hypertorch's formulation).
 
@@ -58,4 +60,6 @@ class AIDFP(AID):
 
     def adjoint(self) -> Adjoint:
         lr = self._adjoint_lr("fp_lr")
-        return FixedPoint(self.linsolve_steps, fresh=self.fresh_hessian, lr=lr)
+        return FixedPoint(
+            self.linsolve_steps, fresh=self.fresh_hessian, warm=self.warm_adjoint, lr=lr
+        )

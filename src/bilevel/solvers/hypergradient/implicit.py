@@ -247,7 +247,9 @@ class AID(ImplicitSolver):
         v   ~ [d^2 g/dy^2 (x_k, y; B_H)]^{-1} grad_y f(x_k, y; D_F)       K CG or FP iterations
         x   <- Proj_X(x_k - lr_outer [grad_x f(x_k, y; D_F) - d^2 g/dx dy (x_k, y; B_C) v])
 
-    The adjoint starts from v = 0 every iteration (hypertorch). By default the K Hessian-vector
+    The adjoint starts from the previous iteration's v (``warm_adjoint``, the default: AID-BiO
+    of Ji, Yang & Liang, ICML 2021, Alg. 1; AmIGO of Arbel & Mairal, ICLR 2022), or from v = 0
+    (hypertorch, ``warm_adjoint=False``). By default the K Hessian-vector
     products share one minibatch B_H, so CG solves one consistent linear system;
     ``fresh_hessian=True`` draws a new minibatch for every product instead (hypertorch's
     ``stochastic=True``, the stochastic AID of Sow, Ji & Liang, NeurIPS 2022, Sec. 4.2): K
@@ -270,6 +272,7 @@ class AID(ImplicitSolver):
     linsolve_steps: int = 20
     warm_start: bool = True
     fresh_hessian: bool = False
+    warm_adjoint: bool = True
 
     paper: ClassVar[str] = (
         "Grazzi, Franceschi, Pontil, Salzo. On the Iteration Complexity of Hypergradient "
