@@ -245,8 +245,9 @@ def test_e1_paper_protocol_values_and_methods():
             assert hyper["outer_optimizer"] == "adam" and hyper["warm_start"] is False
         lrs = {label: h["lr_outer"] for label, (_, h) in methods.items()}
         assert lrs == {"PZOBO": 0.05, "AID-FP": 0.05, "AID-CG": lr_cg, "ITD-R": 0.05, "HOZOG": 0.1}
-        for label in ("AID-FP", "AID-CG"):
+        for label in ("AID-FP", "AID-CG"):  # hypertorch's AID: the adjoint from v = 0
             assert methods[label][1]["linsolve_steps"] == 20
+            assert methods[label][1]["warm_adjoint"] is False
         for label in ("PZOBO", "HOZOG"):
             hyper = methods[label][1]
             assert hyper["smoothing"] == 0.01 and hyper["num_directions"] == 1
@@ -304,6 +305,7 @@ def test_e2_paper_protocol_values_and_methods():
     assert steps == {"PZOBO": 10, "AID-FP": 10, "AID-CG": 30, "ITD-R": 10, "HOZOG": 10}
     assert methods["AID-CG"][1]["linsolve_steps"] == 30
     assert methods["AID-FP"][1]["linsolve_steps"] == 10
+    assert methods["AID-FP"][1]["warm_adjoint"] is methods["AID-CG"][1]["warm_adjoint"] is False
     for label in ("PZOBO", "HOZOG"):
         assert methods[label][1]["smoothing"] == 0.1
     assert pe.E2_COMMON == dict(

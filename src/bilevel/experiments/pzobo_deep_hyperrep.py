@@ -107,7 +107,10 @@ def e3_methods(
             directions="sphere_unscaled_per_tensor",
         )
 
-    linsolve = dict(common, inner_steps=n_steps, linsolve_steps=n_steps, lr_inner=0.1)
+    # hypertorch's AID, the paper's baseline: the adjoint from v = 0 every step
+    linsolve = dict(
+        common, inner_steps=n_steps, linsolve_steps=n_steps, lr_inner=0.1, warm_adjoint=False
+    )
     methods = [
         Method("PZOBO-S", "pzobo-s", pzobo_s(n_steps), steps, every),
         Method("AID-FP", "aid-fp", linsolve, steps, every),

@@ -132,6 +132,12 @@ def e1_hyper(s: dict, n: int, lr_outer: float, *, zeroth_order: bool = False) ->
     return hyper
 
 
+def cold_adjoint(linsolve_steps: int) -> dict:
+    """AID's adjoint as the paper's baselines ran it (hypertorch): K iterations from v = 0
+    every step, not the library's warm-started default."""
+    return dict(linsolve_steps=linsolve_steps, warm_adjoint=False)
+
+
 def e1_methods(d: int, steps: int, s: dict | None = None) -> list[Method]:
     """E1's five methods at embedding size ``d`` (``s``: a run's settings, default the paper
     protocol's)."""
@@ -141,8 +147,10 @@ def e1_methods(d: int, steps: int, s: dict | None = None) -> list[Method]:
     aid_cg_lr = s["AID-CG outer lr at d = 256"] if d == 256 else lr
     return [
         Method("PZOBO", "pzobo", e1_hyper(s, N, lr, zeroth_order=True), steps, every),
-        Method("AID-FP", "aid-fp", dict(e1_hyper(s, N, lr), linsolve_steps=K), steps, every),
-        Method("AID-CG", "aid-cg", dict(e1_hyper(s, N, aid_cg_lr), linsolve_steps=K), steps, every),
+        Method("AID-FP", "aid-fp", dict(e1_hyper(s, N, lr), **cold_adjoint(K)), steps, every),
+        Method(
+            "AID-CG", "aid-cg", dict(e1_hyper(s, N, aid_cg_lr), **cold_adjoint(K)), steps, every
+        ),
         Method("ITD-R", "itd", e1_hyper(s, N, lr), steps, every),
         Method(
             "HOZOG",
@@ -403,14 +411,14 @@ def e2_methods(steps: int, s: dict | None = None) -> list[Method]:
         Method(
             "AID-FP",
             "aid-fp",
-            dict(common, lr_outer=lr, linsolve_steps=s["AID-FP linear-system steps K"]),
+            dict(common, lr_outer=lr, **cold_adjoint(s["AID-FP linear-system steps K"])),
             steps,
             every,
         ),
         Method(
             "AID-CG",
             "aid-cg",
-            dict(common, lr_outer=lr, inner_steps=cg, linsolve_steps=cg),
+            dict(common, lr_outer=lr, inner_steps=cg, **cold_adjoint(cg)),
             steps,
             every,
         ),

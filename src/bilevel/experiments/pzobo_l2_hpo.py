@@ -133,6 +133,8 @@ def e5_base(s: dict, solver: str) -> dict:
         warm_start=s["warm start (every method)"],
         outer_optimizer=s["outer optimizer"],
     )
+    if solver in ("aid-fp", "aid-cg"):  # hypertorch's AID: the adjoint from v = 0 every step
+        base["warm_adjoint"] = False
     if solver in ("pzobo", "hozog"):
         base.update(
             smoothing=s["mu (PZOBO, HOZOG)"],
