@@ -206,7 +206,11 @@ class F3SA(Solver):
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime", "lam0")  # by the problem's noise
-    divergence_advice: ClassVar[str] = F2SA.divergence_advice
+    divergence_advice: ClassVar[str] = (
+        "try smaller step sizes (lr_outer, lr_inner) or a smaller lam0 (lam multiplies the x "
+        "step's penalty term; lam0='auto' is 100 with exact inner gradients, max(1, 4 gamma_0 "
+        "L_f) with sampled ones)"
+    )
 
     def validate(self) -> None:
         F2SA.validate(self)  # regime, lam_rule, lam0, k0, a >= c: the same options and names
