@@ -229,6 +229,8 @@ class F3SA(Solver):
     #: gamma_k, alpha_k = gamma_k / (lam_ratio lam_k), lam_k and the x step: F2SA's code, with
     #: this class's exponents and lam_ratio = 1
     schedule = F2SA.schedule
+    # lam0 in the schedule; bl.solve and bl.sweep resolve a sampled run's "auto" first
+    # (resolve), so F2SA's 10 for it is only reached by a step on an unresolved solver
     penalty_start = F2SA.penalty_start
     samples_inner_gradients = F2SA.samples_inner_gradients
     outer_step_decays = F2SA.outer_step_decays
