@@ -105,7 +105,7 @@ class _Krylov(Adjoint):
 
     def solve(self, hessian, rhs, key, v0=None):
         del key
-        init = v0 if self.warm else None  # a cold start from v = 0 otherwise
+        init = v0 if self.carries_iterate else None  # a cold start from v = 0 otherwise
         if self.fresh:
             v = self.run(lambda v, i: hessian(i)(v), rhs, indexed=True, init=init)
         else:
@@ -120,7 +120,13 @@ class _Krylov(Adjoint):
 @dataclasses.dataclass(frozen=True)
 class ConjugateGradient(_Krylov):
     """K conjugate-gradient iterations (Hestenes & Stiefel 1952; AID-CG of Grazzi et al., ICML
-    2020, and Rajeswaran et al., NeurIPS 2019): ``linsolve.cg``."""
+    2020, and Rajeswaran et al., NeurIPS 2019): ``linsolve.cg``. On fresh samples it starts
+    from 0 even when ``warm``: a warm start's first residual ``b - H v0`` would need a product
+    on a sample of its own (``linsolve.cg(indexed=True)`` refuses an ``init``)."""
+
+    @property
+    def carries_iterate(self) -> bool:  # type: ignore[override]
+        return self.warm and not self.fresh
 
     def run(self, matvec, rhs, *, indexed: bool, init=None) -> PyTree:
         return linsolve.cg(matvec, rhs, num_iters=self.num_iters, init=init, indexed=indexed)

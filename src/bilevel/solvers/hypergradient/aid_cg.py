@@ -67,7 +67,6 @@ class AIDCG(AID):
     name: ClassVar[str] = "aid-cg"
 
     def adjoint(self) -> Adjoint:
-        # a CG on fresh samples starts from 0: a warm start's first residual b - H v0 would
-        # need a product on a sample of its own (linsolve.cg)
-        warm = self.warm_adjoint and not self.fresh_hessian
-        return ConjugateGradient(self.linsolve_steps, fresh=self.fresh_hessian, warm=warm)
+        return ConjugateGradient(
+            self.linsolve_steps, fresh=self.fresh_hessian, warm=self.warm_adjoint
+        )
