@@ -77,6 +77,17 @@ LAM0_EXACT, LAM0_NOISY = 100.0, 10.0
 INNER_FACTOR_NOISY = 0.25
 
 
+def penalty_advice(sampled_lam0: str) -> str:
+    """A penalty method's divergence advice (``Solver.divergence_advice``): lam multiplies the x
+    step's penalty term, so lam0 is a fix beside the steps; ``sampled_lam0`` says what
+    ``lam0="auto"`` is with sampled inner gradients."""
+    return (
+        "try smaller step sizes (lr_outer, lr_inner) or a smaller lam0 (lam multiplies the x "
+        "step's penalty term; lam0='auto' is 100 with exact inner gradients, "
+        f"{sampled_lam0} with sampled ones)"
+    )
+
+
 def resolve_regime(regime: str, problem: BilevelProblem, batch_size: int | None) -> str:
     """``"auto"``: the regime matching the problem's noise (full batches count as exact)."""
     if regime != "auto":
@@ -228,10 +239,7 @@ class F2SA(Solver):
     )
     lam_ratio: ClassVar[float] = 2.0  # lam_k = gamma_k / (2 alpha_k), eq. (6)
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime", "lam0")  # by the problem's noise
-    divergence_advice: ClassVar[str] = (
-        "try smaller step sizes (lr_outer, lr_inner) or a smaller lam0 (lam multiplies the x "
-        "step's penalty term; lam0='auto' is 100 with exact inner gradients, 10 with sampled ones)"
-    )
+    divergence_advice: ClassVar[str] = penalty_advice("10")
 
     def validate(self) -> None:
         if self.regime != "auto" and self.regime not in F2SA_REGIMES:

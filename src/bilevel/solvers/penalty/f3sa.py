@@ -31,7 +31,7 @@ from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import step_size
 from bilevel.core.tree import tree_axpy, tree_sub, tree_zeros_like
 from bilevel.solvers.base import OuterState, Solver
-from bilevel.solvers.penalty.f2sa import F2SA, F2SA_REGIMES, resolve_regime
+from bilevel.solvers.penalty.f2sa import F2SA, F2SA_REGIMES, penalty_advice, resolve_regime
 from bilevel.solvers.registry import register
 
 PyTree = Any
@@ -206,11 +206,7 @@ class F3SA(Solver):
     lam_ratio: ClassVar[float] = 1.0  # lam_k = gamma_k / alpha_k, eq. (9b)
     auto_inner_factor: ClassVar[float] = 0.5
     auto_in_step: ClassVar[tuple[str, ...]] = ("regime", "lam0")  # by the problem's noise
-    divergence_advice: ClassVar[str] = (
-        "try smaller step sizes (lr_outer, lr_inner) or a smaller lam0 (lam multiplies the x "
-        "step's penalty term; lam0='auto' is 100 with exact inner gradients, max(1, 4 gamma_0 "
-        "L_f) with sampled ones)"
-    )
+    divergence_advice: ClassVar[str] = penalty_advice("max(1, 4 gamma_0 L_f)")
 
     def validate(self) -> None:
         F2SA.validate(self)  # regime, lam_rule, lam0, k0, a >= c: the same options and names
