@@ -31,6 +31,7 @@ from bilevel.experiments.report import plot_history
 from bilevel.solvers import make
 
 __all__ = [
+    "HYPERTORCH_AID",
     "Method",
     "Claim",
     "ExperimentOutput",
@@ -42,6 +43,11 @@ __all__ = [
     "value_within",
     "verdict",
 ]
+
+
+#: AID-CG's and AID-FP's adjoint as the PZOBO paper's baselines ran it (hypertorch): K
+#: iterations from v = 0 every step, not the library's warm-started default
+HYPERTORCH_AID = {"warm_adjoint": False}
 
 
 def paper_solver(name: str, **hyper):

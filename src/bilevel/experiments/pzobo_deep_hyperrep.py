@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bilevel.experiments import register
 from bilevel.experiments.common import (
+    HYPERTORCH_AID,
     Claim,
     Method,
     final_mean,
@@ -107,9 +108,8 @@ def e3_methods(
             directions="sphere_unscaled_per_tensor",
         )
 
-    # hypertorch's AID, the paper's baseline: the adjoint from v = 0 every step
     linsolve = dict(
-        common, inner_steps=n_steps, linsolve_steps=n_steps, lr_inner=0.1, warm_adjoint=False
+        common, inner_steps=n_steps, linsolve_steps=n_steps, lr_inner=0.1, **HYPERTORCH_AID
     )
     methods = [
         Method("PZOBO-S", "pzobo-s", pzobo_s(n_steps), steps, every),

@@ -26,6 +26,7 @@ import jax
 
 from bilevel.experiments import register
 from bilevel.experiments.common import (
+    HYPERTORCH_AID,
     Claim,
     Method,
     final_mean,
@@ -133,9 +134,8 @@ def e1_hyper(s: dict, n: int, lr_outer: float, *, zeroth_order: bool = False) ->
 
 
 def cold_adjoint(linsolve_steps: int) -> dict:
-    """AID's adjoint as the paper's baselines ran it (hypertorch): K iterations from v = 0
-    every step, not the library's warm-started default."""
-    return dict(linsolve_steps=linsolve_steps, warm_adjoint=False)
+    """AID's K and its adjoint as the paper's baselines ran them (:data:`HYPERTORCH_AID`)."""
+    return dict(linsolve_steps=linsolve_steps, **HYPERTORCH_AID)
 
 
 def e1_methods(d: int, steps: int, s: dict | None = None) -> list[Method]:

@@ -19,6 +19,7 @@ import pandas as pd
 from bilevel import data
 from bilevel.experiments import register
 from bilevel.experiments.common import (
+    HYPERTORCH_AID,
     Claim,
     Method,
     final_mean,
@@ -133,8 +134,8 @@ def e5_base(s: dict, solver: str) -> dict:
         warm_start=s["warm start (every method)"],
         outer_optimizer=s["outer optimizer"],
     )
-    if solver in ("aid-fp", "aid-cg"):  # hypertorch's AID: the adjoint from v = 0 every step
-        base["warm_adjoint"] = False
+    if solver in ("aid-fp", "aid-cg"):
+        base.update(HYPERTORCH_AID)
     if solver in ("pzobo", "hozog"):
         base.update(
             smoothing=s["mu (PZOBO, HOZOG)"],
