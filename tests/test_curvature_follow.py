@@ -74,6 +74,62 @@ def test_sweep_points_follow_like_solve():
     )
 
 
+# ---- truncation counts follow the steps -------------------------------------------------------
+def test_count_growth_is_the_fall_of_the_steps_in_powers_of_two():
+    from bilevel.drivers.curvature import COUNT_GROWTH, count_growth
+
+    assert COUNT_GROWTH == 8
+    for scale, growth in [(1.0, 1), (4.0, 1), (0.51, 1), (0.5, 2), (0.26, 2), (0.25, 4),
+                          (0.125, 8), (1e-3, 8), (float("nan"), 1)]:  # fmt: skip
+        assert count_growth(scale) == growth, scale
+    assert count_growth(np.array([1.0, 0.3, 0.12])) == 8  # a sweep: its smallest scale
+
+
+@pytest.mark.parametrize(
+    "name, field, start", [("itd", "inner_steps", 20), ("stocbio", "neumann_steps", 5),
+                           ("pzobo", "inner_steps", 20), ("hozog", "inner_steps", 20)]
+)  # fmt: skip
+def test_auto_truncation_count_grows_as_the_auto_step_falls(name, field, start):
+    """N steps of lr leave a truncation bias (1 - lr mu_g)^N: as the "auto" inner step falls
+    with the rising L_g (10x along this path), an "auto" count rises by the same factor in
+    powers of 2 (at most 8x), so N lr stays within 2x of its start; a given count is kept."""
+    problem = _problem()
+    resolved = bl.solvers.make(name, lr_outer=0.3).resolve(problem)
+    assert getattr(resolved, field) == start
+    res = bl.solve(problem, bl.solvers.make(name, lr_outer=0.3), 600, progress=False)
+    assert res.ok
+    fell = resolved.lr_inner / res.solver.lr_inner
+    assert fell > 4.0  # L_g(x) = 1 + exp(max_j x_j) rose from 2 towards 20
+    growth = getattr(res.solver, field) / start
+    assert growth in (2, 4, 8) and fell / 2 < growth <= fell
+    given = bl.solve(problem, bl.solvers.make(name, lr_outer=0.3, **{field: start}), 600,
+                     progress=False)  # fmt: skip
+    assert getattr(given.solver, field) == start
+    assert given.solver.lr_inner < resolved.lr_inner / 4  # while the step still follows
+
+
+def test_the_grown_count_lowers_the_truncation_bias():
+    """At the end point of the run above, ITD's hypergradient at y*(x) with the grown count is
+    closer to the exact one than with the start's count: the bias that growing it removes
+    (the x-coordinate whose curvature stayed at 2 while the step fell to ~1/16)."""
+    from bilevel.solvers.hypergradient.itd import unrolled_hypergradient
+
+    problem = _problem()
+    res = bl.solve(problem, bl.solvers.make("itd", lr_outer=0.3), 600, progress=False)
+    solver = res.solver
+    y_star = bl.metrics.inner_solution(problem, res.x)
+    exact = bl.metrics.hypergradient(problem, res.x)
+    mb = solver.minibatches(problem, jax.random.PRNGKey(0), outer=1, inner=solver.inner_steps)
+
+    def error(n):
+        estimate, _ = unrolled_hypergradient(problem, mb, res.x, y_star, solver.lr_inner, n)
+        return float(jnp.linalg.norm(estimate - exact))
+
+    # the exact contraction (1 - lr 2)^N of the flat coordinate: 20 steps leave ~0.3 of its
+    # gradient, the grown count ~0.01 or less
+    assert error(solver.inner_steps) < 0.1 * error(20)
+
+
 # ---- online: bl.solve_online -----------------------------------------------------------------
 #: the stream's inner curvature per round, s_t: from 1 to 5 over the horizon
 T_ONLINE = 100

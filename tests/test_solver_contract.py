@@ -84,8 +84,25 @@ def test_unresolved_solver_is_refused_with_a_clear_message(name, problem):
 
 
 def test_resolve_without_auto_settings_returns_the_solver(problem):
-    solver = bl.solvers.make("stocbio", lr_inner=0.1, batch_size=32)
+    solver = bl.solvers.make("stocbio", lr_inner=0.1, batch_size=32, neumann_steps=5)
     assert solver.resolve(problem) is solver
+
+
+def test_an_auto_count_resolves_to_its_start_and_needs_no_resolve(problem):
+    """An ``"auto"`` truncation count is the number it starts at (``auto_counts``): filled in
+    by ``resolve``, and taken as that number by ``init``/``step`` of a solver whose steps are
+    numbers (it follows only the ``"auto"`` steps of ``bl.solve``)."""
+    counts = [("itd", "inner_steps", 20), ("stocbio", "neumann_steps", 5),
+              ("pzobo", "inner_steps", 20), ("hozog", "inner_steps", 20)]  # fmt: skip
+    for name, field, start in counts:
+        auto = bl.solvers.make(name, lr_outer=0.01, lr_inner=0.1)
+        assert getattr(auto, field) == "auto" and auto.unresolved() == []
+        assert getattr(auto.resolve(problem), field) == start
+        given = dataclasses.replace(auto, **{field: start})
+        key = jax.random.key(0)
+        stepped = jax.jit(auto.step)(problem, auto.init(problem, key))
+        expected = jax.jit(given.step)(problem, given.init(problem, key))
+        np.testing.assert_array_equal(np.asarray(stepped.x), np.asarray(expected.x))
 
 
 def test_leaves_are_the_numeric_hyperparameters():

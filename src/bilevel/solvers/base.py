@@ -159,6 +159,12 @@ class Solver(abc.ABC):
     #: what :meth:`inner_step_factor` makes of it on the problem at hand
     auto_inner_factor: ClassVar[float] = 1.0
 
+    #: truncation counts that may be ``"auto"``, with the number ``"auto"`` starts at: the
+    #: unrolled steps of ITD, stocBiO's Neumann degree, PZOBO's N. :meth:`resolve` sets the
+    #: number; ``bl.solve`` multiplies it as the ``"auto"`` inner step falls with a rising L_g
+    #: (:mod:`bilevel.drivers.curvature`), so that the inner horizon ``N lr_inner`` stays put
+    auto_counts: ClassVar[dict[str, int]] = {}
+
     #: what a diverged run's message advises (a method with another knob that scales its
     #: steps names it too: F2SA's lam0)
     divergence_advice: ClassVar[str] = "try smaller step sizes (lr_outer, lr_inner)"
@@ -217,9 +223,11 @@ class Solver(abc.ABC):
                 f"{type(self).__name__}(batch_size=...) must be a positive int or None (full "
                 f"data), got {bs!r}."
             )
-        for fld in ("inner_steps",):
+        for fld in ("inner_steps", *self.auto_counts):
             if hasattr(self, fld):
                 v = getattr(self, fld)
+                if fld in self.auto_counts and _is_auto(v):
+                    continue
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise ValueError(
                         f"{type(self).__name__}({fld}=...) must be a positive int, got {v!r}."
@@ -234,7 +242,8 @@ class Solver(abc.ABC):
         return [
             fld.name
             for fld in dataclasses.fields(self)
-            if fld.name not in self.auto_in_step and _is_auto(getattr(self, fld.name))
+            if fld.name not in (*self.auto_in_step, *self.auto_counts)
+            and _is_auto(getattr(self, fld.name))
         ]
 
     def untuned(self) -> list[str]:
@@ -268,15 +277,23 @@ class Solver(abc.ABC):
         ``"auto"`` becomes ``inner_step_factor(problem) / L_g`` with L_g estimated by
         :func:`bilevel.analysis.diagnose` at ``(x0, y0)``, or, when the run draws minibatches,
         the minibatches' L_g where it is larger (:meth:`curvature_batch`). ``solve`` calls this
-        before compiling.
+        before compiling. ``"auto"`` truncation counts become their start numbers
+        (:attr:`auto_counts`).
         """
-        if _is_auto(getattr(self, "lr_inner", None)):
+        solver = self.with_counts()
+        if _is_auto(getattr(solver, "lr_inner", None)):
             from bilevel.analysis.diagnose import auto_inner_step
 
-            batch = self.curvature_batch(problem)
-            step = auto_inner_step(problem, self.inner_step_factor(problem), batch)
-            return dataclasses.replace(self, lr_inner=step)
-        return self
+            batch = solver.curvature_batch(problem)
+            step = auto_inner_step(problem, solver.inner_step_factor(problem), batch)
+            return dataclasses.replace(solver, lr_inner=step)
+        return solver
+
+    def with_counts(self) -> Solver:
+        """This solver with its ``"auto"`` truncation counts set to the numbers they start at
+        (:attr:`auto_counts`; part of :meth:`resolve`)."""
+        auto = {name: n for name, n in self.auto_counts.items() if _is_auto(getattr(self, name))}
+        return dataclasses.replace(self, **auto) if auto else self  # usually: nothing to do
 
     def inner_step_factor(self, problem: BilevelProblem) -> float:
         """The factor of ``lr_inner="auto"`` (times ``1 / L_g``) on ``problem``:
@@ -578,7 +595,8 @@ def _requires_resolved(method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         self.check_resolved()
-        return method(self, *args, **kwargs)
+        # an "auto" count needs no data: unresolved, it is the number it starts at
+        return method(self.with_counts(), *args, **kwargs)
 
     guarded._checks_resolved = True
     return guarded

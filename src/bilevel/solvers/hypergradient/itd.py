@@ -77,8 +77,11 @@ class ITD(Solver):
         lr_outer: x step, float or schedule.
         lr_inner: inner (S)GD step, float or schedule; ``"auto"`` (default) is ``1/L_g``.
         batch_size: size of every minibatch (None = full data).
-        inner_steps: N, unrolled steps (20; the truncation bias of the Jacobian decays as
-            (1 - lr_inner mu_g)^N, Grazzi et al. 2020 Thm. 2.1).
+        inner_steps: N, unrolled steps. The truncation bias of the Jacobian decays as
+            (1 - lr_inner mu_g)^N (Grazzi et al. 2020, Thm. 2.1), so N must grow as the step
+            falls: ``"auto"`` (default) starts at 20, and where ``bl.solve`` lowers the
+            ``"auto"`` inner step as L_g rises it multiplies N by the same factor (in powers of
+            2, at most 8: :mod:`bilevel.drivers.curvature`). A number is kept as given.
         warm_start: start the inner loop from the previous y_N (hypertorch, PZOBO code); the
             start is treated as independent of x either way.
 
@@ -93,10 +96,11 @@ class ITD(Solver):
     lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
-    inner_steps: int = 20
+    inner_steps: int | str = "auto"
     warm_start: bool = True
 
     name: ClassVar[str] = "itd"
+    auto_counts: ClassVar[dict[str, int]] = {"inner_steps": 20}
     paper: ClassVar[str] = (
         "Franceschi, Donini, Frasconi, Pontil. Forward and Reverse Gradient-Based "
         "Hyperparameter Optimization. ICML 2017."

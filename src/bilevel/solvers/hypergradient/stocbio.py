@@ -49,8 +49,12 @@ class StocBiO(ImplicitSolver):
             estimated by ``bl.diagnose`` (the paper's beta <= 1/L).
         batch_size: size of every minibatch (D_F, D_G, B_j and the inner SGD batches).
         inner_steps: D, inner SGD steps per outer iteration.
-        neumann_steps: Q, the Neumann degree (5 in the F2SA paper's experiment; Q Hessian-vector
-            products per iteration).
+        neumann_steps: Q, the Neumann degree (Q Hessian-vector products per iteration). Its
+            truncation bias, the tail ``eta sum_{q > Q} (I - eta H)^q``, decays as
+            (1 - eta mu_g)^Q, so Q must grow as eta falls: ``"auto"`` (default) starts at 5
+            (the F2SA paper's experiment), and where ``bl.solve`` lowers the ``"auto"`` eta as
+            L_g rises it multiplies Q by the same factor (in powers of 2, at most 8:
+            :mod:`bilevel.drivers.curvature`). A number is kept as given.
         neumann_lr: eta of the Neumann series, at most 1/L_g (the series converges for eta <
             2/L_g); None = ``lr_inner`` (its "auto" is 1/L_g).
 
@@ -63,7 +67,7 @@ class StocBiO(ImplicitSolver):
     lr_inner: Any = "auto"
     batch_size: int | None = None
     inner_steps: int = 10
-    neumann_steps: int = 5
+    neumann_steps: int | str = "auto"
     neumann_lr: float | None = None
 
     name: ClassVar[str] = "stocbio"
@@ -71,9 +75,11 @@ class StocBiO(ImplicitSolver):
         "Ji, Yang, Liang. Bilevel Optimization: Convergence Analysis and Enhanced Design. "
         "ICML 2021, Algorithm 2."
     )
+    auto_counts: ClassVar[dict[str, int]] = {"neumann_steps": 5}
 
     def validate(self) -> None:
-        if not isinstance(self.neumann_steps, int) or self.neumann_steps < 0:
+        q = self.neumann_steps
+        if q != "auto" and (isinstance(q, bool) or not isinstance(q, int) or q < 0):
             raise ValueError(f"neumann_steps must be an int >= 0, got {self.neumann_steps!r}.")
         self._check_adjoint_lr("neumann_lr")
 

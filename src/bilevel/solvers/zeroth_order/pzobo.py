@@ -197,7 +197,7 @@ class PathDifferenceSolver(Solver):
     lr_outer: Any = "auto"
     lr_inner: Any = "auto"
     batch_size: int | None = None
-    inner_steps: int = 20
+    inner_steps: int | str = "auto"
     num_directions: int = 1
     smoothing: float = 0.01
     directions: str = "gaussian"
@@ -207,6 +207,7 @@ class PathDifferenceSolver(Solver):
     parallel_directions: bool = True
 
     name: ClassVar[str] = "path-difference"
+    auto_counts: ClassVar[dict[str, int]] = {"inner_steps": 20}
 
     def validate(self) -> None:
         cls = type(self).__name__
@@ -418,7 +419,12 @@ class PZOBO(PathDifferenceSolver):
             (Theorem 1: alpha <= 1/L), both estimated at (x0, y0) (:func:`auto_smoothness`).
         batch_size: None (default, Algorithm 1's full gradients) or a minibatch size, then one
             inner minibatch per inner step shared by all paths (as Algorithm 2).
-        inner_steps: N (default 20: Appendix B.2, linear hyper-representation).
+        inner_steps: N. Both the response Jacobian of the two paths and y^N are truncated
+            after N steps of alpha (their bias decays as (1 - alpha mu_g)^N), so N must grow as
+            alpha falls: ``"auto"`` (default) starts at 20 (Appendix B.2, linear
+            hyper-representation), and where ``bl.solve`` lowers the ``"auto"`` alpha as L_g
+            rises it multiplies N by the same factor (in powers of 2, at most 8:
+            :mod:`bilevel.drivers.curvature`). A number is kept as given.
         num_directions: Q (default 1: "fixed to 1 in all our experiments", Appendix B).
         smoothing: mu (default 0.01: Appendix B.2 linear HR and C; "0.1 or 0.01").
         directions: "gaussian" (default, eq. 4), "sphere_scaled", "sphere_unscaled_per_tensor"
@@ -461,10 +467,11 @@ class PZOBO(PathDifferenceSolver):
 
     def resolve(self, problem: BilevelProblem) -> PZOBO:
         """``lr_inner="auto"`` = 1/L, L = max(L_f, L_g) (Theorem 1, :func:`auto_smoothness`)."""
-        if not _is_auto(self.lr_inner):
-            return self
+        solver = self.with_counts()
+        if not _is_auto(solver.lr_inner):
+            return solver
         step = self.auto_inner_factor / auto_smoothness(problem, self.curvature_batch(problem))
-        return dataclasses.replace(self, lr_inner=float(step))
+        return dataclasses.replace(solver, lr_inner=float(step))
 
     def _unperturbed(self, problem, batch_f, x, y_n):
         # eq. (5)/(7): both partials at the unperturbed (x_k, y^N), y^N held fixed

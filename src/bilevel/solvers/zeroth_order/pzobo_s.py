@@ -60,8 +60,9 @@ class PZOBOS(PZOBO):
 
     def resolve(self, problem: BilevelProblem) -> PZOBOS:
         """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
-        if not _is_auto(self.lr_inner):
-            return self
+        solver = self.with_counts()
+        if not _is_auto(solver.lr_inner):
+            return solver
         L, d = auto_smoothness(problem, self.curvature_batch(problem)), diagnose(problem)
         step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L
-        return dataclasses.replace(self, lr_inner=float(step))
+        return dataclasses.replace(solver, lr_inner=float(step))
