@@ -95,7 +95,8 @@ def ridge_raw():
     """``ridge`` as a user might write it otherwise: halved losses, targets scaled but not
     centred (there is no intercept), another split. Its penalties end near ``exp(x_j) ~ 1000``
     with ``L_g / mu_g ~ 1850`` at ``x*`` (``ridge``: 195), which the methods that truncate the
-    inner solve or the adjoint (ITD, stocBiO, AID-FP from v = 0) feel as a bias."""
+    inner solve or the adjoint feel as a bias (ITD, stocBiO and PZOBO until their counts
+    followed the falling inner step, AID-FP until its adjoint started warm)."""
     return _diabetes_ridge("ridge_raw", centre=False, scale=0.5, seed=7)
 
 
