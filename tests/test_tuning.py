@@ -408,6 +408,67 @@ def test_drift_is_judged_on_the_exact_gradient_where_the_run_did_not_record_it()
     assert not tuning_module.drifted(problem, res, fake, score)
 
 
+def test_a_run_well_above_its_own_lowest_score_has_drifted():
+    """The path rule (bilevel.drivers.retries): past the tuning's horizon the run had reached a
+    score whose double its end exceeds, so it drifted, however high its tuning score (here one
+    no run can miss); not when it ended below 1% of the start's score (2.0 in the fake)."""
+    from bilevel.drivers.retries import PATH_DRIFT, SETTLED, drifted
+
+    problem = _ridge(seed=3)
+    res = bl.solve(problem, bl.solvers.make("f2sa", lr_outer=0.1), steps=20, progress=False)
+    fake = _fake_tuning(0.1, (0.01, 0.1), (1.0, 1e30))
+    assert (PATH_DRIFT, SETTLED) == (2.0, 0.01)
+    assert drifted(problem, res, fake, final=0.5, lowest=0.2)
+    assert not drifted(problem, res, fake, final=0.5, lowest=0.3)  # within 2x of its lowest
+    assert not drifted(problem, res, fake, final=0.015, lowest=0.001)  # below 0.01 * 2.0
+    assert not drifted(problem, res, fake, final=0.5)  # no path scores: the tuning's rule only
+
+
+def test_path_scores_are_the_exact_scores_past_the_tuning_horizon(quadratic):
+    """``PathScores`` keeps the lowest mean exact ||grad F|| at the chunk ends strictly between
+    the tuning's horizon and the last step: here steps 30 and 40 of a 50-step run (eval every
+    10, tuning horizon 20), each the exact ||grad F|| of a run stopped there."""
+    from bilevel.drivers.engine import Engine
+    from bilevel.drivers.retries import PathScores
+
+    solver = bl.solvers.make("aid-cg", lr_outer=0.05, lr_inner=0.1)
+    fake = dataclasses.replace(_fake_tuning(0.05, (0.05,), (1.0,)), steps=20)
+    seen = []
+    original = Engine.__init__
+
+    def spy(self, *args, watch=None, **kwargs):
+        if watch is None:  # record what a PathScores of this run would see
+            watch = PathScores(quadratic, args[1], fake, 50)
+            seen.append(watch)
+        original(self, *args, watch=watch, **kwargs)
+
+    Engine.__init__ = spy
+    try:
+        bl.solve(quadratic, solver, steps=50, eval_every=10, progress=False)
+    finally:
+        Engine.__init__ = original
+    exact = [
+        float(jnp.linalg.norm(bl.metrics.hypergradient(
+            quadratic, bl.solve(quadratic, solver, steps=k, progress=False).x)))
+        for k in (30, 40)
+    ]  # fmt: skip
+    assert seen[0].lowest == pytest.approx(min(exact), rel=1e-9)
+
+
+def test_a_run_that_drifted_on_its_path_is_retried_smaller(quadratic, monkeypatch):
+    """The path rule wired into bl.solve: a run whose path had a far lower score than its end
+    (here PathScores reports one) runs again with the next smaller candidate."""
+    import bilevel.drivers.retries as retries_module
+    import bilevel.drivers.solve as solve_module
+
+    fake = _fake_tuning(0.1, (0.01, 0.1), (10.0, 10.0))  # the tuning's rule does not fire
+    monkeypatch.setattr(solve_module, "tune", lambda *a, **k: fake)
+    monkeypatch.setattr(retries_module.PathScores, "lowest_in", lambda self, result: 1e-12)
+    monkeypatch.setattr(retries_module, "SETTLED", 0.0)
+    res = bl.solve(quadratic, bl.solvers.make("aid-cg"), steps=100, progress=False)
+    assert res.tuning.retries[0] == 0.1 and res.tuning.retry_reasons[0] == "drifted"
+
+
 def test_summary_of_a_choice_without_a_score_says_why():
     """The step below an edge-of-stability candidate can itself have been dropped for making no
     progress: its score is inf, and the summary says so instead of printing '-> inf'."""

@@ -92,8 +92,11 @@ class Engine:
         resume: the checkpoint the run takes up from (``None``: a fresh start).
         adapt: ``adapt(problem, solver, state) -> solver``, called after every chunk (and by
             :meth:`adapt_to`): the solver's numeric hyperparameters may follow the run
-            (``bl.solve``'s ``"auto"`` inner steps, :mod:`bilevel.drivers.curvature`); the
-            same structure, so nothing is recompiled. ``None``: the solver stays as given.
+            (``bl.solve``'s ``"auto"`` inner steps, :mod:`bilevel.drivers.curvature`; their
+            ``"auto"`` truncation counts change the program, compiled once per count).
+            ``None``: the solver stays as given.
+        watch: ``watch(steps_done, state)``, called after every chunk once the state is kept
+            (``bl.solve``'s :class:`bilevel.drivers.retries.PathScores`); ``None``: nothing.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class Engine:
         checkpointer: Checkpointer | None = None,
         resume: Resume | None = None,
         adapt=None,
+        watch=None,
     ):
         self.problem = problem
         self.solver = solver
@@ -121,6 +125,7 @@ class Engine:
         self.seconds = 0.0 if resume is None else resume.seconds
         self.diverged_at: dict[Any, int] = {}  # seed -> step (round) by which it diverged
         self.adapt = adapt
+        self.watch = watch
 
     # ---- hooks ---------------------------------------------------------------------------
     def step_program(self, state, length: int):
@@ -211,6 +216,8 @@ class Engine:
             alive &= finite
             state = self.place(keep_good(new_state, state, alive))
             self.adapt_to(state)
+            if self.watch is not None:
+                self.watch(self.done, state)
             self.display.update(self.done, self.history.rows)
             last = self.done >= self.schedule.steps or self.out_of_time()
             self.save(state, force=last or not alive.all())

@@ -34,14 +34,15 @@ from bilevel.drivers.checks import (
 from bilevel.drivers.cpu_rewrites import CpuRewrites, resolve
 from bilevel.drivers.curvature import InnerCurvature, followed_fields
 from bilevel.drivers.engine import Engine, Schedule
-from bilevel.drivers.history import History, with_counts_raised
+from bilevel.drivers.history import History
 from bilevel.drivers.loggers import check_log_to, logged
 from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Result, finish
+from bilevel.drivers.retries import PathScores, Run, final_of, lowest_run, retry_reason
 from bilevel.drivers.run_lock import RunLock
-from bilevel.drivers.tuning import drifted, needs_tuning, tune
-from bilevel.drivers.tuning_runs import DEAD, GRADIENT_SCORES, final_score
+from bilevel.drivers.tuning import needs_tuning, tune
+from bilevel.drivers.tuning_runs import DEAD, GRADIENT_SCORES
 from bilevel.drivers.writes import WriteError
 from bilevel.solvers.base import Solver
 
@@ -169,58 +170,20 @@ def _solve(problem, solver: Solver, plan: _Plan) -> tuple[Result, str | None]:
     solver, tuning = _tuned(problem, solver, plan.steps, plan.seeds[0], plan.init, plan.settings)
     parallel.check_batch_size(getattr(solver, "batch_size", None), plan.mesh)
     check_convexity(problem)
-    result, stopped, spent = _attempt(problem, solver, tuning, plan)
-    runs = [_Run(result, spent, tuning, _final(problem, result, tuning, plan))]
+    run, stopped = _attempt(problem, solver, tuning, plan)
+    runs = [run]
     # a tuned step whose run diverged or drifted: the next smaller candidate
-    while stopped is None and (reason := _retry_reason(problem, runs[-1], plan)):
-        tuning = tuning.retried(_smaller(tuning), spent, reason)
+    checkpointed = plan.ckpt_dir is not None
+    while stopped is None and (reason := retry_reason(problem, run, plan.steps, checkpointed)):
+        tuning = tuning.retried(_smaller(tuning), run.spent, reason)
         solver = dataclasses.replace(solver, lr_outer=tuning.step)
-        result, stopped, spent = _attempt(problem, solver, tuning, plan)
-        runs.append(_Run(result, spent, tuning, _final(problem, result, tuning, plan)))
+        run, stopped = _attempt(problem, solver, tuning, plan)
+        runs.append(run)
+    result = run.result
     if stopped is None and len(runs) > 1:
-        result, tuning = _lowest(runs)
+        result, tuning = lowest_run(runs)
     _note_tuning(result, tuning)
     return result, stopped
-
-
-class _Run(NamedTuple):
-    """One full run of a tuned solve: its result, the counter totals spent up to its end
-    (tuning and earlier runs included) and the tuning it ran with."""
-
-    result: Result
-    spent: dict[str, int]
-    tuning: Any
-    final: float  # its final gradient-type score (:func:`_final`), computed once
-
-
-def _lowest(runs: list[_Run]) -> tuple[Result, Any]:
-    """After retries: the run whose gradient-type score ended lowest among those that ran all
-    their steps without diverging (the latest on a tie; the last run when none did), with its
-    history's counts raised to include every run's work, and the final tuning that records the
-    choice (:meth:`bilevel.drivers.tuning.Tuning.kept`)."""
-    last = runs[-1]
-    finals = [run.final for run in runs]
-    ranked = [(f, -i) for i, f in enumerate(finals) if math.isfinite(f)]
-    index = -min(ranked)[1] if ranked else len(runs) - 1
-    kept = runs[index]
-    result = kept.result
-    if index != len(runs) - 1:
-        extra = {k: last.spent[k] - kept.spent[k] for k in Counts._fields}
-        result = dataclasses.replace(result, history=with_counts_raised(result.history, extra))
-    return result, last.tuning.kept(kept.tuning.value, finals)
-
-
-def _final(problem, result: Result, tuning, plan: _Plan) -> float:
-    """A full run's final gradient-type score (``nan`` when the step was not tuned, or the run
-    diverged, stopped early or the tuning's score is not gradient-type, and for a checkpointed
-    run, which is never retried, so nothing reads it)."""
-    if tuning is None or plan.ckpt_dir is not None:
-        return math.nan
-    if result.diverged or result.steps != plan.steps:
-        return math.nan
-    if tuning.score not in GRADIENT_SCORES:
-        return math.nan
-    return final_score(problem, result, tuning.score, plan.batched)
 
 
 @contextlib.contextmanager
@@ -258,9 +221,9 @@ class _Plan(NamedTuple):
     log_to: Any = None  # the TensorBoard directory (loggers)
 
 
-def _attempt(problem, solver: Solver, tuning, plan: _Plan):
-    """One run of ``solver`` (``lr_outer`` a number or a schedule): ``(result, signal or None,
-    counter totals spent)``."""
+def _attempt(problem, solver: Solver, tuning, plan: _Plan) -> tuple[Run, str | None]:
+    """One run of ``solver`` (``lr_outer`` a number or a schedule): ``(run, signal or None)``,
+    the run with the counter totals spent and, for a tuned step, its final and lowest scores."""
     template, solver = solver, solver.resolve(problem)
     placed = parallel.replicate(problem, plan.mesh)  # the data on every device of the mesh
     state = init_states(solver, placed, plan.seeds, plan.init, mesh=plan.mesh)
@@ -277,8 +240,9 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
         display.note(tuning.summary())
     display = _logged(display, problem, solver, plan, history, resume)
     schedule = Schedule(plan.steps, plan.every, plan.time_limit)
+    path = PathScores(problem, solver, tuning, plan.steps) if _scored(tuning, plan) else None
     engine = Engine(placed, solver, schedule, history, display, settings=plan.settings,
-                    checkpointer=checkpointer, resume=resume, adapt=adapt)  # fmt: skip
+                    checkpointer=checkpointer, resume=resume, adapt=adapt, watch=path)  # fmt: skip
     try:
         state, stopped = _run(engine, state, resume, plan.ckpt_dir)
     except WriteError as err:  # a checkpoint write failed: the steps done go with the error
@@ -287,26 +251,17 @@ def _attempt(problem, solver: Solver, tuning, plan: _Plan):
         raise
     # what the seeds drew and called, diverged evaluations included (a retry counts them)
     spent = {k: max(t[k] for t in history.totals) for k in Counts._fields}
-    return engine.result(state, seed_axis=plan.batched), stopped, spent
+    result = engine.result(state, seed_axis=plan.batched)
+    if path is None:
+        return Run(result, spent, tuning, math.nan), stopped
+    final = final_of(problem, result, tuning, plan.steps, plan.batched)
+    return Run(result, spent, tuning, final, path.lowest_in(result)), stopped
 
 
-#: a tuned run that diverges or drifts is run again with the next smaller candidate at most
-#: this often
-MAX_RETRIES = 2
-
-
-def _retry_reason(problem, run: _Run, plan: _Plan) -> str:
-    """Why to run again with a smaller tuned step, or ``""``: the step was tuned, retries are
-    left, there is no checkpoint (a retry would be a different run there), and the run diverged,
-    or ran all its steps and drifted (:func:`bilevel.drivers.tuning.drifted`)."""
-    tuning = run.tuning
-    if tuning is None or len(tuning.retries) >= MAX_RETRIES or plan.ckpt_dir is not None:
-        return ""
-    if run.result.diverged:
-        return "diverged"
-    if run.result.steps == plan.steps and drifted(problem, run.result, tuning, run.final):
-        return "drifted"
-    return ""
+def _scored(tuning, plan: _Plan) -> bool:
+    """Whether a run keeps its final and lowest gradient-type scores, which decide its retry:
+    a tuned step with such a score, and no checkpoint (a checkpointed run is never retried)."""
+    return tuning is not None and plan.ckpt_dir is None and tuning.score in GRADIENT_SCORES
 
 
 def _run(engine: Engine, state, resume: Resume | None, ckpt_dir):

@@ -42,7 +42,8 @@ a plain step size) gets its step here, inside :func:`bilevel.solve`, or on its o
    everything: with minibatches, stability depends on the draws), or *drifts* (:func:`drifted`:
    its gradient-type score ends above what the tuning run of the same step reached, e.g. a
    single-loop method whose inner iterate falls behind as the inner problem grows
-   ill-conditioned along the path), ``bl.solve`` runs again with the next smaller candidate
+   ill-conditioned along the path, or above twice its own lowest on the way;
+   :mod:`bilevel.drivers.retries`), ``bl.solve`` runs again with the next smaller candidate
    that did not diverge in the tuning run, at most twice (:attr:`Tuning.retries`,
    :attr:`Tuning.retry_reasons`; not with a checkpoint, whose run would change under it).
    The earlier runs' samples and oracle calls are counted too. (Halving the step instead was
@@ -88,6 +89,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import BilevelProblem
 from bilevel.core.schedules import TailDecay
 from bilevel.drivers import tuning_runs
+from bilevel.drivers.retries import drifted
 from bilevel.drivers.tuning_runs import Trial, final_score, merge, scoring_problem, trial
 from bilevel.solvers.base import Solver
 
@@ -250,32 +252,6 @@ class Tuning:
             f"; returned the run with {self.value:.3g} ({self.score} {final:.3g}, the lowest "
             f"of the {runs} runs)"
         )
-
-
-#: a run has drifted when its final score is above this many times the score its step reached
-#: in the tuning run; DRIFT_NOISY with minibatches, where the run's last iterate is noisier than
-#: the tuning's mean over three seeds and two evaluations
-DRIFT, DRIFT_NOISY = 1.0, 2.0
-
-
-def drifted(problem: BilevelProblem, result, tuning: Tuning, final: float) -> bool:
-    """Whether the full run with the tuned step ended *worse* than the tuning run of that step.
-
-    Only for gradient-type scores (``grad_norm``, ``grad_mapping``), which a converging run
-    drives down: one that grows over the rest of the run means the step suits the first
-    ``tuning.steps`` steps but not where the run went (measured: F3SA's single loop on an
-    L2-penalised logistic regression passes the optimum at step 150 with the tuned step, then
-    drifts on as the penalty exp(x) -> 0 leaves its inner iterates behind, to 0.53 of the
-    start's ``||grad F||``; a third of the step drifts less, to 0.27, a tenth ends at 0.10).
-    ``result.steps`` must be the full run, ``final`` its final score
-    (:func:`bilevel.drivers.tuning_runs.final_score`)."""
-    if tuning.score not in tuning_runs.GRADIENT_SCORES or tuning.value not in tuning.grid:
-        return False
-    reference = tuning.scores[tuning.grid.index(tuning.value)]
-    if not np.isfinite(reference):
-        return False
-    noisy = result.solver.draws_minibatches(problem)
-    return bool(final > (DRIFT_NOISY if noisy else DRIFT) * reference)
 
 
 def tail_decay(problem: BilevelProblem, solver: Solver, steps: int) -> tuple[float, float] | None:

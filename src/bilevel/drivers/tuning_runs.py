@@ -263,15 +263,18 @@ def final_score(problem: BilevelProblem, result, score_name: str, seed_axis: boo
     if score_name in history:
         last = history[history["step"] == history["step"].max()]
         return float(last[score_name].mean())
+    return exact_score(problem, result.x, score_name, seed_axis)
+
+
+def exact_score(problem: BilevelProblem, x, score_name: str, seed_axis: bool) -> float:
+    """``score_name`` (``grad_norm`` or ``grad_mapping``) at ``x``, exact: the mean over its
+    seeds where ``seed_axis`` (a leading axis of seeds); ``nan`` for another score."""
     if score_name not in ("grad_norm", "grad_mapping"):
         return math.nan
     from bilevel.analysis import metrics
 
-    xs = (
-        [result.x]
-        if not seed_axis
-        else [jax.tree.map(lambda leaf, i=i: leaf[i], result.x) for i in range(len(result.seeds))]
-    )
+    seeds = jax.tree.leaves(x)[0].shape[0] if seed_axis else 1
+    xs = [x] if not seed_axis else [jax.tree.map(lambda a, i=i: a[i], x) for i in range(seeds)]
     if score_name == "grad_mapping":
         values = [float(metrics.grad_mapping(problem, x)) for x in xs]
     else:
