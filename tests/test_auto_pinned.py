@@ -111,20 +111,22 @@ OFFLINE_RULES = {
     "bsa": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # Ghadimi & Wang's eta = 1/L_g
     "f2sa": {"lr_inner": 1 / L_G},
     "f3sa": {"lr_inner": 0.5 / L_G},  # auto_inner_factor = 0.5
-    "hozog": {"lr_inner": 1 / L_G},  # L_g alone, not PZOBO's max(L_f, L_g)
+    # L_g alone, not PZOBO's max(L_f, L_g); N starts at 20 ("auto": it follows the step)
+    "hozog": {"lr_inner": 1 / L_G, "inner_steps": 20},
     "ibcg": {
         "lr_outer": LastIterateGamma(1 / math.sqrt(K), K),  # gamma_rule="last-iterate"
         "lr_inner": 2 / (MU_G + L_G),  # Lemma B.1
         "lr_adjoint": 0.99 * 2 / (MU_G + L_G),  # strictly below 2/(mu_g + L_g) (Lemma 3.1)
     },
-    "itd": {"lr_inner": 1 / L_G},
-    "pzobo": {"lr_inner": 1 / max(L_F, L_G)},  # Theorem 1: alpha <= 1/L, L = max(L_f, L_g)
-    "pzobo-s": {"lr_inner": 2 / (max(L_F, L_G) + MU_G)},  # Theorem 2: 2/(L + mu_g)
+    "itd": {"lr_inner": 1 / L_G, "inner_steps": 20},
+    # Theorem 1: alpha <= 1/L, L = max(L_f, L_g); N = 20 to start (Appendix B.2)
+    "pzobo": {"lr_inner": 1 / max(L_F, L_G), "inner_steps": 20},
+    "pzobo-s": {"lr_inner": 2 / (max(L_F, L_G) + MU_G), "inner_steps": 20},  # Theorem 2
     "saba": {"lr_inner": 1 / L_G},
     "sbfw": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # not App. G.1's a_0 (PAPER's)
     "soba": {"lr_inner": 1 / L_G},
     "stable": {"lr_inner": 1 / L_G, "mu_g_init": 0.5 * MU_G},  # half of lambda_min at (x0, y0)
-    "stocbio": {"lr_inner": 1 / L_G},
+    "stocbio": {"lr_inner": 1 / L_G, "neumann_steps": 5},  # Q = 5: the F2SA paper's
     "ttsa": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # c_h = 1
 }
 
