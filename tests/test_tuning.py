@@ -424,35 +424,40 @@ def test_a_run_well_above_its_own_lowest_score_has_drifted():
     assert not drifted(problem, res, fake, final=0.5)  # no path scores: the tuning's rule only
 
 
-def test_path_scores_are_the_exact_scores_past_the_tuning_horizon(quadratic):
+def test_path_scores_are_the_exact_scores_past_the_tuning_horizon(quadratic, monkeypatch):
     """``PathScores`` keeps the lowest mean exact ||grad F|| at the chunk ends strictly between
     the tuning's horizon and the last step: here steps 30 and 40 of a 50-step run (eval every
-    10, tuning horizon 20), each the exact ||grad F|| of a run stopped there."""
+    10, tuning horizon 20), each the exact ||grad F|| of a run stopped there. A problem that
+    records ``grad_norm`` itself (the quadratic) has it read from the history instead."""
     from bilevel.drivers.engine import Engine
     from bilevel.drivers.retries import PathScores
 
-    solver = bl.solvers.make("aid-cg", lr_outer=0.05, lr_inner=0.1)
     fake = dataclasses.replace(_fake_tuning(0.05, (0.05,), (1.0,)), steps=20)
     seen = []
     original = Engine.__init__
 
-    def spy(self, *args, watch=None, **kwargs):
-        if watch is None:  # record what a PathScores of this run would see
-            watch = PathScores(quadratic, args[1], fake, 50)
-            seen.append(watch)
+    def spy(self, *args, watch=None, **kwargs):  # what a PathScores of this run sees
+        watch = PathScores(args[0], args[1], fake, 50)
+        seen.append(watch)
         original(self, *args, watch=watch, **kwargs)
 
-    Engine.__init__ = spy
-    try:
-        bl.solve(quadratic, solver, steps=50, eval_every=10, progress=False)
-    finally:
-        Engine.__init__ = original
+    monkeypatch.setattr(Engine, "__init__", spy)
+    ridge = _ridge(seed=3)
+    solver = bl.solvers.make("aid-cg", lr_outer=0.05, lr_inner=0.05)
+    bl.solve(ridge, solver, steps=50, eval_every=10, progress=False)
+    monkeypatch.setattr(Engine, "__init__", original)
     exact = [
         float(jnp.linalg.norm(bl.metrics.hypergradient(
-            quadratic, bl.solve(quadratic, solver, steps=k, progress=False).x)))
+            ridge, bl.solve(ridge, solver, steps=k, progress=False).x)))
         for k in (30, 40)
     ]  # fmt: skip
+    assert not seen[0].recorded
     assert seen[0].lowest == pytest.approx(min(exact), rel=1e-9)
+    path = PathScores(quadratic, solver, fake, 50)
+    assert path.recorded
+    res = bl.solve(quadratic, solver, steps=50, eval_every=10, progress=False)
+    rows = res.history[res.history["step"].isin([30, 40])]
+    assert path.lowest_in(res) == rows["grad_norm"].min()
 
 
 def test_a_run_that_drifted_on_its_path_is_retried_smaller(quadratic, monkeypatch):
