@@ -159,10 +159,8 @@ class Solver(abc.ABC):
     #: what :meth:`inner_step_factor` makes of it on the problem at hand
     auto_inner_factor: ClassVar[float] = 1.0
 
-    #: truncation counts that may be ``"auto"``, with the number ``"auto"`` starts at: the
-    #: unrolled steps of ITD, stocBiO's Neumann degree, PZOBO's N. :meth:`resolve` sets the
-    #: number; ``bl.solve`` multiplies it as the ``"auto"`` inner step falls with a rising L_g
-    #: (:mod:`bilevel.drivers.curvature`), so that the inner horizon ``N lr_inner`` stays put
+    #: truncation counts that may be ``"auto"`` (ITD's N, stocBiO's Q), with the numbers they
+    #: start at; ``bl.solve`` grows them as the "auto" inner step falls (drivers/curvature.py)
     auto_counts: ClassVar[dict[str, int]] = {}
 
     #: what a diverged run's message advises (a method with another knob that scales its
