@@ -7,8 +7,9 @@ runs the one whose gradient-type score ended lowest is returned.
 
 A run drifted (:func:`drifted`) when its final score is
 
-- above what the tuning run of the same step reached (a method whose inner iterates fall
-  behind as the inner problem grows ill-conditioned along the path), or
+- above what the tuning run of the same step reached, twice that with minibatches (a method
+  whose inner iterates fall behind as the inner problem grows ill-conditioned along the
+  path), or
 - more than :data:`PATH_DRIFT` times the lowest score the run itself had at an evaluation past
   the tuning's horizon (:class:`PathScores`), unless it ended below :data:`SETTLED` of its
   start's. Measured on the defaults benchmark's ``logistic_split`` with batches of 64: F3SA's
