@@ -103,6 +103,7 @@ def test_an_auto_count_resolves_to_its_start_and_needs_no_resolve(problem):
         stepped = jax.jit(auto.step)(problem, auto.init(problem, key))
         expected = jax.jit(given.step)(problem, given.init(problem, key))
         np.testing.assert_array_equal(np.asarray(stepped.x), np.asarray(expected.x))
+    assert bl.solvers.make("stocbio", neumann_steps=0).neumann_steps == 0  # Q = 0 stays valid
 
 
 def test_leaves_are_the_numeric_hyperparameters():

@@ -221,7 +221,7 @@ class Solver(abc.ABC):
                 f"{type(self).__name__}(batch_size=...) must be a positive int or None (full "
                 f"data), got {bs!r}."
             )
-        for fld in ("inner_steps", *self.auto_counts):
+        for fld in ("inner_steps",):
             if hasattr(self, fld):
                 v = getattr(self, fld)
                 if fld in self.auto_counts and _is_auto(v):
