@@ -1,5 +1,7 @@
 """F2SA (Kwon et al., ICML 2023, Algorithm 1) against exact answers."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -334,7 +336,31 @@ def test_a_diverged_run_names_lam0_beside_the_steps(name):
         bl.solve(p, solver, steps=40, eval_every=10, progress=False)
 
 
+@pytest.mark.parametrize("name", ["f2sa", "f3sa"])
+def test_k0_auto_is_the_horizon(name, quad):
+    """k0="auto" (F2SA's default, F3SA's option) is the run's horizon K, at least 100: the x
+    step then falls to 2^(-a) of its start by step K, whatever K. ``bl.solve`` tells it (the
+    run equals one with k0 = K given); a given k0 is kept; stepped by hand, 100."""
+    solver = bl.solvers.make(name, lr_outer=0.01, lr_inner=0.18, k0="auto")
+    assert (bl.solvers.make(name).k0 == "auto") is (name == "f2sa")
+    assert solver.offset() == 100.0 and solver.unresolved() == []
+    assert solver.with_horizon(3000).k0 == 3000.0 and solver.with_horizon(40).k0 == 100.0
+    given = bl.solvers.make(name, lr_outer=0.01, lr_inner=0.18, k0=20.0)
+    assert given.with_horizon(3000).k0 == 20.0
+    told = solver.with_horizon(3000)
+    a, _ = told.exponents(quad)
+    end, start = (float(told.schedule(quad, k).outer) for k in (3000, 0))
+    assert end / start == pytest.approx(2.0**-a)
+    ran = bl.solve(quad, solver, steps=300, progress=False)
+    fixed = bl.solve(quad, dataclasses.replace(solver, k0=300.0), steps=300, progress=False)
+    np.testing.assert_array_equal(np.asarray(ran.x), np.asarray(fixed.x))
+    hundred = bl.solve(quad, dataclasses.replace(solver, k0=100.0), steps=300, progress=False)
+    assert not np.array_equal(np.asarray(ran.x), np.asarray(hundred.x))
+
+
 def test_bad_options():
+    with pytest.raises(ValueError, match="k0"):
+        bl.solvers.make("f2sa", k0="horizon")
     with pytest.raises(ValueError, match="regime='fast'"):
         bl.solvers.make("f2sa", regime="fast")
     with pytest.raises(ValueError, match="a >= c"):

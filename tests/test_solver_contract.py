@@ -111,7 +111,9 @@ def test_leaves_are_the_numeric_hyperparameters():
     schedules are static aux data."""
     solver = bl.solvers.make("f2sa", lr_outer=0.05, lr_inner=0.25, batch_size=32, lam0=3)
     paths = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(solver)}
-    assert paths == {".lr_outer": 0.05, ".lr_inner": 0.25, ".lam0": 3.0, ".k0": 100.0}
+    assert paths == {".lr_outer": 0.05, ".lr_inner": 0.25, ".lam0": 3.0}  # k0="auto": static
+    told = jax.tree_util.tree_leaves_with_path(solver.with_horizon(3000))
+    assert {jax.tree_util.keystr(p): v for p, v in told}[".k0"] == 3000.0  # the horizon: a leaf
     assert 0.05 in jax.tree.leaves(solver)
     # an int step size is a float leaf: the same structure as a float one
     ints = bl.solvers.make("stocbio", lr_outer=1, lr_inner=0.1)

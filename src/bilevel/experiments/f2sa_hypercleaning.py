@@ -77,7 +77,9 @@ PAPER_PROTOCOL = Protocol(
         "F2SA lam0": Sourced(
             10.0, OURS + " (the solver's default; eq. (7) asks lam0 >= 2 l_f1 / mu_g)"
         ),
-        "F2SA k0": Sourced(100.0, OURS + " (the solver's default)"),
+        "F2SA k0": Sourced(
+            100.0, OURS + " (the solver's default until 2026-11-29, now the run's horizon)"
+        ),
         "F2SA lam rule": Sourced("closed", "F2SA paper, App. B.5: lam_k = gamma_k / (2 alpha_k)"),
         "inner_steps": Sourced(5, OURS + " (T of F2SA, D of stocBiO; the paper states none)"),
         "steps": Sourced(1000, OURS + " (the paper states none)"),
