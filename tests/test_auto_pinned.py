@@ -126,7 +126,7 @@ OFFLINE_RULES = {
     "sbfw": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # not App. G.1's a_0 (PAPER's)
     "soba": {"lr_inner": 1 / L_G},
     "stable": {"lr_inner": 1 / L_G, "mu_g_init": 0.5 * MU_G},  # half of lambda_min at (x0, y0)
-    "stocbio": {"lr_inner": 1 / L_G, "neumann_steps": 5},  # Q = 5: the F2SA paper's
+    "stocbio": {"lr_inner": 1 / L_G, "neumann_steps": 5, "inner_steps": 10},  # Q = 5: F2SA paper's
     "ttsa": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # c_h = 1
 }
 

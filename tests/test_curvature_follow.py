@@ -87,7 +87,8 @@ def test_count_growth_is_the_fall_of_the_steps_in_powers_of_two():
 
 @pytest.mark.parametrize(
     "name, field, start", [("itd", "inner_steps", 20), ("stocbio", "neumann_steps", 5),
-                           ("pzobo", "inner_steps", 20), ("hozog", "inner_steps", 20)]
+                           ("stocbio", "inner_steps", 10), ("pzobo", "inner_steps", 20),
+                           ("hozog", "inner_steps", 20)]
 )  # fmt: skip
 def test_auto_truncation_count_grows_as_the_auto_step_falls(name, field, start):
     """N steps of lr leave a truncation bias (1 - lr mu_g)^N: as the "auto" inner step falls

@@ -84,7 +84,9 @@ def test_unresolved_solver_is_refused_with_a_clear_message(name, problem):
 
 
 def test_resolve_without_auto_settings_returns_the_solver(problem):
-    solver = bl.solvers.make("stocbio", lr_inner=0.1, batch_size=32, neumann_steps=5)
+    solver = bl.solvers.make(
+        "stocbio", lr_inner=0.1, batch_size=32, inner_steps=10, neumann_steps=5
+    )
     assert solver.resolve(problem) is solver
 
 
@@ -93,6 +95,7 @@ def test_an_auto_count_resolves_to_its_start_and_needs_no_resolve(problem):
     by ``resolve``, and taken as that number by ``init``/``step`` of a solver whose steps are
     numbers (it follows only the ``"auto"`` steps of ``bl.solve``)."""
     counts = [("itd", "inner_steps", 20), ("stocbio", "neumann_steps", 5),
+              ("stocbio", "inner_steps", 10),
               ("pzobo", "inner_steps", 20), ("hozog", "inner_steps", 20)]  # fmt: skip
     for name, field, start in counts:
         auto = bl.solvers.make(name, lr_outer=0.01, lr_inner=0.1)
