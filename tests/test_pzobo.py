@@ -430,6 +430,19 @@ def test_auto_inner_step_uses_the_larger_of_L_f_and_L_g(quad):
     assert bl.solvers.make("pzobo").resolve(saddle).lr_inner == pytest.approx(1 / 15, rel=1e-9)
 
 
+def test_pzobo_s_halves_its_auto_inner_step_with_minibatches(monkeypatch):
+    """Theorem 2's 2/(L + mu_g) has no margin; a run on minibatches takes half of it (each path
+    step sees a new minibatch Hessian), IBCG's rule. With the smoothness pinned at the full
+    data's L = 10 (mu_g = 1), the full-batch step is 2/11 and the minibatch one 1/11."""
+    from bilevel.solvers.zeroth_order import pzobo_s
+
+    p = bl.problems.quadratic(stochastic=True)
+    monkeypatch.setattr(pzobo_s, "auto_smoothness", lambda problem, batch=None: 10.0)
+    full = bl.solvers.make("pzobo-s", batch_size=None).resolve(p).lr_inner
+    sampled = bl.solvers.make("pzobo-s", batch_size=32).resolve(p).lr_inner
+    assert full == pytest.approx(2 / 11, rel=1e-6) and sampled == pytest.approx(1 / 11, rel=1e-6)
+
+
 # ---- memory ------------------------------------------------------------
 def test_no_inner_path_is_stored(quad):
     """The compiled step's scratch memory does not grow with N (a stored path would add

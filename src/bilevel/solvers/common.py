@@ -27,6 +27,8 @@ __all__ = [
     "linear_system_hypergradient",
     "descend_until",
     "Levels",
+    "MINIBATCH_FRACTION",
+    "fastest_contraction_step",
 ]
 
 
@@ -161,3 +163,25 @@ def descend_until(grad, v, lr, tol, max_steps: int):
     d0 = grad(v, zero)
     v, _, norm, steps = jax.lax.while_loop(cond, body, (v, d0, tree_norm(d0), zero))
     return v, steps, norm
+
+
+#: with minibatches a ``2/(mu_g + L_g)`` step is this fraction of itself
+#: (:func:`fastest_contraction_step`)
+MINIBATCH_FRACTION = 0.5
+
+
+def fastest_contraction_step(mu_g: float, L_g: float, minibatches: bool) -> float:
+    """``2 / (mu_g + L_g)``, the step of gradient descent on a mu_g-strongly convex, L_g-smooth
+    function whose contraction ``(kappa - 1) / (kappa + 1)`` is the fastest (IBCG's Lemma B.1,
+    PZOBO-S's Theorem 2), times :data:`MINIBATCH_FRACTION` when the run draws minibatches.
+
+    Why half: that step has no margin (the stiffest direction's factor is ``-(kappa - 1) /
+    (kappa + 1)``, close to -1), and a recursion on minibatches sees a new Hessian every step,
+    with ``L_g`` estimated once (the largest of the batches') and re-estimated every 25 steps
+    along the path. At 0.99 of it IBCG's adjoint ``w - eta (H_B w - b)`` ran away on a
+    hyper-cleaning with batches of 32 (FW gap estimate 22-190; at half: 0.06-0.07); PZOBO-S's
+    inner paths, whose differences give its Jacobian estimate, ended at 0.286 of the start's
+    ``||grad F||`` on ``benchmarks/defaults.py``'s ``ridge_raw`` with batches of 32 (``L_g``
+    rises 36x along the path), at half at 0.059 (measured 2026-11-29)."""
+    step = 2.0 / (mu_g + L_g)
+    return step * MINIBATCH_FRACTION if minibatches else step

@@ -29,7 +29,7 @@ from bilevel.core.sampling import Minibatches
 from bilevel.core.schedules import TracedSchedule, step_size
 from bilevel.core.tree import tree_axpy, tree_norm, tree_sub, tree_zeros_like
 from bilevel.solvers.base import OuterState, _is_auto
-from bilevel.solvers.common import implicit_hypergradient, inner_sgd
+from bilevel.solvers.common import fastest_contraction_step, implicit_hypergradient, inner_sgd
 from bilevel.solvers.frank_wolfe.base import (
     FrankWolfeSolver,
     dense_adjoint,
@@ -46,11 +46,6 @@ HVP_DRAW, CROSS_DRAW, STEP_DRAW = 0, 1, 2
 NEWTON_STEPS = 30
 #: the ``"auto"`` adjoint step is this fraction of 2/(mu_g + L_g): eta must be strictly below it
 ADJOINT_FRACTION = 0.99
-#: with minibatches both ``"auto"`` steps are this fraction of their full-batch values: the
-#: recursions ``w - eta (H_B w - b)`` and ``y - alpha grad_y g(., B)`` see a new Hessian H_B at
-#: every step, and at 0.99 x 2/(mu_g + L_g) IBCG's w ran away on a hyper-cleaning with
-#: batches of 32 even with L_g the batches' (FW gap estimate 22-190; at half: 0.06-0.07)
-MINIBATCH_FRACTION = 0.5
 
 
 class IBCGState(NamedTuple):
@@ -146,7 +141,8 @@ class IBCG(FrankWolfeSolver):
             the first tenth (:class:`LastIterateGamma`).
         lr_inner: alpha, the y step (line 8). ``"auto"``: ``2/(mu_g + L_g)`` (Lemma B.1) with
             mu_g, L_g estimated by ``bl.diagnose`` at (x0, y0). When the run draws minibatches
-            (not in the paper): half of that (:data:`MINIBATCH_FRACTION`), with L_g the
+            (not in the paper): half of that
+            (:func:`bilevel.solvers.common.fastest_contraction_step`), with L_g the
             minibatches' where theirs is larger (``Solver.curvature_batch``).
         lr_adjoint: eta, the w step (line 4); theory asks ``eta < (1 - beta)/mu_g =
             2/(mu_g + L_g)`` strictly (Lemma 3.1, Theorems 4.1 and 4.3). ``"auto"``: 0.99 of
@@ -253,9 +249,8 @@ class IBCG(FrankWolfeSolver):
                 "give lr_inner and lr_adjoint",
                 self.curvature_batch(problem),
             )
-            step = 2.0 / (mu_g + L_g)
-            if self.draws_minibatches(problem):  # half: the curvature varies with the draw
-                step *= MINIBATCH_FRACTION
+            # half with minibatches: the curvature varies with the draw
+            step = fastest_contraction_step(mu_g, L_g, self.draws_minibatches(problem))
             if _is_auto(self.lr_inner):
                 changes["lr_inner"] = step
             if _is_auto(self.lr_adjoint):

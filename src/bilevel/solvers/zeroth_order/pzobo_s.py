@@ -14,6 +14,7 @@ from typing import ClassVar
 from bilevel.analysis.diagnose import diagnose
 from bilevel.core.problem import BilevelProblem
 from bilevel.solvers.base import _is_auto
+from bilevel.solvers.common import fastest_contraction_step
 from bilevel.solvers.registry import register
 from bilevel.solvers.zeroth_order.pzobo import PZOBO, auto_smoothness
 
@@ -37,8 +38,10 @@ class PZOBOS(PZOBO):
     Same arguments as :class:`PZOBO`, with two defaults changed: ``batch_size=256`` (Appendix
     B.3: "minibatch size B = 256") and ``lr_inner="auto"`` = 2/(L + mu_g) (Theorem 2:
     alpha = 2/(L + mu_g) with L = max(L_f, L_g), :func:`auto_smoothness`; mu_g from
-    ``bl.diagnose``; 1/L if g does not look strongly convex). The inner and outer minibatches
-    have the same size.
+    ``bl.diagnose``; 1/L if g does not look strongly convex), half of it when the run draws
+    minibatches (not in the paper: that step has no margin, and each path step sees a new
+    minibatch Hessian; :func:`bilevel.solvers.common.fastest_contraction_step` has the
+    measurement). The inner and outer minibatches have the same size.
 
     Draws: those of :class:`PZOBO` (its table): inner(t) for step t of every path (S_t above),
     outer(0) for D_F, the third key of the step's split for the directions u_j.
@@ -59,10 +62,13 @@ class PZOBOS(PZOBO):
     )
 
     def resolve(self, problem: BilevelProblem) -> PZOBOS:
-        """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2)."""
+        """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2), half of it when
+        the run draws minibatches (:func:`bilevel.solvers.common.fastest_contraction_step`)."""
         solver = self.with_counts()
         if not _is_auto(solver.lr_inner):
             return solver
         L, d = auto_smoothness(problem, self.curvature_batch(problem)), diagnose(problem)
-        step = 2.0 / (L + d.mu_g) if d.strongly_convex else 1.0 / L
+        if not d.strongly_convex:
+            return dataclasses.replace(solver, lr_inner=1.0 / L)
+        step = fastest_contraction_step(d.mu_g, L, self.draws_minibatches(problem))
         return dataclasses.replace(solver, lr_inner=float(step))
