@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from defaults import PROBLEMS, STEPS, measure
+from defaults import DEFAULT_PROBLEMS, PROBLEMS, STEPS, measure
 
 import bilevel as bl
 
@@ -36,7 +36,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 5:
         print(one(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])), flush=True)
     else:
-        for which, (_, b) in PROBLEMS.items():
+        for which in DEFAULT_PROBLEMS:
+            b = PROBLEMS[which][1]
             for batch in ("full", str(b)):
                 for name in ("f2sa", "f3sa"):
                     for k0 in K0S:
