@@ -85,6 +85,10 @@ def _run_args(out, steps):
         "2",
         "--steps",
         str(steps),
+        # a number: F2SA's k0="auto" is the horizon, so a run of other steps is another run
+        # (test_a_horizon_default_is_another_run_with_other_steps); these resume longer runs
+        "--opt",
+        "k0=100",
         "--eval-every",
         "500",
         "--out",
@@ -150,6 +154,18 @@ def test_sigint_mid_run_writes_outputs_and_the_same_command_resumes(tmp_path):
         leaves = [k for k in x.files if k.startswith("leaf_")]
         for k in leaves:
             np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_a_horizon_default_is_another_run_with_other_steps(tmp_path):
+    """F2SA's k0="auto" is the run's horizon: a longer run is another run, whose checkpoint
+    directory is refused with what to give as a number (the same command resumes: above)."""
+    args = [a for a in _run_args(tmp_path, 1000) if a not in ("--opt", "k0=100")]
+    first = runner.invoke(app, [*args, "--no-progress"])
+    assert first.exit_code == 0, first.output
+    longer = [*args[: args.index("--steps") + 1], "1500", *args[args.index("--steps") + 2 :]]
+    again = runner.invoke(app, [*longer, "--no-progress"])
+    assert again.exit_code == 2 and "written by a different run" in again.output
+    assert "k0='auto'" in again.output and "give those as numbers" in again.output
 
 
 def test_rerun_says_resuming(tmp_path):

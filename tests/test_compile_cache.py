@@ -54,6 +54,7 @@ def test_a_single_seed_and_a_batch_of_one_share_their_programs(small):
 
 def test_compile_chunk_and_init_states_are_the_solve_programs(small):
     problem, solver = small
+    solver = solver.with_horizon(5)  # what bl.solve runs: F2SA's k0="auto" is the horizon
     programs.clear_cache()
     state = programs.init_states(solver, problem, [0, 1])
     assert np.shape(state.x) == (2, 2)

@@ -229,8 +229,10 @@ def _check_same_run(directory: Path, meta: dict, signature: str, cpu_rewrites: d
     if meta.get("signature") != signature:
         raise ValueError(
             f"the checkpoint in {directory} was written by a different run (solver, "
-            "problem, seeds or eval_every differ, or an older bilevel version); use another "
-            "checkpoint directory or delete it."
+            "problem, seeds or eval_every differ, or an older bilevel version; a run of other "
+            "steps is another run where a setting follows the horizon: a tuned "
+            "lr_outer='auto', F2SA's k0='auto', IBCG's horizon, so give those as numbers to "
+            "extend a run); use another checkpoint directory or delete it."
         )
 
 
