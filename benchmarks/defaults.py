@@ -10,7 +10,7 @@ Five small scikit-learn problems built the way a new user would build them:
 - ``cleaning``: wine softmax regression with 30% of the training labels corrupted and one
   weight ``sigmoid(x_i)`` per training sample (data hyper-cleaning, x in R^106);
 - ``cleaning_digits`` (only with ``--problems cleaning_digits``): the same on 300 digits with
-  40% corrupted, ``y`` of 640 entries (:func:`cleaning_digits`),
+  40% corrupted, ``y`` of 650 entries (:func:`cleaning_digits`),
 
 each deterministic (full batches) and with minibatches (32, 32, 64, 64, 32). Every solver of
 ``bl.solvers.names()`` runs ``bl.solve(problem, bl.solvers.make(name, batch_size=...),
@@ -170,8 +170,8 @@ def cleaning():
 def cleaning_digits():
     """The hyper-cleaning of docs/step_sizes.md's "Outside the table": 300 training digits of
     scikit-learn's 8 x 8 set with 40% of their labels replaced by another class, 300 clean ones
-    for validation, pixels standardised by the training set's, a softmax regression (``y`` of
-    64 x 10 entries, above the tuning's exact-score limit) with inner ridge ``1e-3``
+    for validation, pixels standardised by the training set's, a softmax regression (``y``: 64 x
+    10 weights and 10 biases, above the tuning's exact-score limit) with inner ridge ``1e-3``
     (:func:`bilevel.problems.hyper_cleaning`). Not in the default run."""
     X, y = load_digits(return_X_y=True)
     rng = np.random.default_rng(0)

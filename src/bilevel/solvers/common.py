@@ -182,6 +182,6 @@ def fastest_contraction_step(mu_g: float, L_g: float, minibatches: bool) -> floa
     hyper-cleaning with batches of 32 (FW gap estimate 22-190; at half: 0.06-0.07); PZOBO-S's
     inner paths, whose differences give its Jacobian estimate, ended at 0.286 of the start's
     ``||grad F||`` on ``benchmarks/defaults.py``'s ``ridge_raw`` with batches of 32 (``L_g``
-    rises 36x along the path), at half at 0.059 (measured 2026-11-29)."""
+    rises 36x along the path), at half at 0.063 (measured 2026-11-29)."""
     step = 2.0 / (mu_g + L_g)
     return step * MINIBATCH_FRACTION if minibatches else step
