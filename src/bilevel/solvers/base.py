@@ -159,8 +159,8 @@ class Solver(abc.ABC):
     #: what :meth:`inner_step_factor` makes of it on the problem at hand
     auto_inner_factor: ClassVar[float] = 1.0
 
-    #: truncation counts that may be ``"auto"`` (ITD's N, stocBiO's Q), with the numbers they
-    #: start at; ``bl.solve`` grows them as the "auto" inner step falls (drivers/curvature.py)
+    #: truncation counts that may be ``"auto"`` (ITD's and PZOBO's N, stocBiO's D and Q), with
+    #: the numbers they start at; ``bl.solve`` grows them as the "auto" inner step falls
     auto_counts: ClassVar[dict[str, int]] = {}
 
     #: what a diverged run's message advises (a method with another knob that scales its
@@ -221,15 +221,13 @@ class Solver(abc.ABC):
                 f"{type(self).__name__}(batch_size=...) must be a positive int or None (full "
                 f"data), got {bs!r}."
             )
-        for fld in ("inner_steps",):
-            if hasattr(self, fld):
-                v = getattr(self, fld)
-                if fld in self.auto_counts and _is_auto(v):
-                    continue
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ValueError(
-                        f"{type(self).__name__}({fld}=...) must be a positive int, got {v!r}."
-                    )
+        v = getattr(self, "inner_steps", 1)  # an "auto" count: its start number, when resolved
+        if not ("inner_steps" in self.auto_counts and _is_auto(v)) and (
+            isinstance(v, bool) or not isinstance(v, int) or v < 1
+        ):
+            raise ValueError(
+                f"{type(self).__name__}(inner_steps=...) must be a positive int, got {v!r}."
+            )
         check_optimizer(
             type(self).__name__, "outer_optimizer", self.outer_optimizer, OUTER_OPTIMIZERS
         )
