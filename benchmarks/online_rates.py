@@ -150,7 +150,7 @@ def cases() -> list[OnlineCase]:
         OnlineCase(
             "F2OBO-SL, tau = 1/3, bounded variation",
             "f2obo-sl",
-            {**QUAD},
+            {**QUAD, "tau": 1 / 3},  # eq. (8)'s tau (the solver's default is 1/4)
             "bounded",
             "O(T^(1/3) (1 + V_T) + T^(2/3) P_T) = O(T^(1/3)) (Thm 3.2)",
             1 / 3,

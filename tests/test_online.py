@@ -88,10 +88,11 @@ def test_f2obo_rounds_match_a_numpy_replica(constrained):
 
 
 def test_f2obo_sl_matches_the_replica_with_decaying_gamma():
-    """F2OBO-SL: K = 1, tau = 1/3, gamma_t = gamma_1 t^-tau (Theorem 3.2); lr_lagrangian given,
-    so beta_t = lr_lagrangian / lam_t. Same tolerance as above."""
+    """F2OBO-SL: K = 1, its default tau = 1/4, gamma_t = gamma_1 t^-tau (Theorem 3.2);
+    lr_lagrangian given, so beta_t = lr_lagrangian / lam_t. Same tolerance as above."""
     problem = _quad(drift_inner=0.3, drift_outer=0.3)
     solver = bl.solvers.make("f2obo-sl", lr_outer=0.2, lr_inner=0.3, lr_lagrangian=0.1)
+    assert solver.tau == 1 / 4
     want = _replica(
         problem.reference,
         problem.x0,
@@ -100,8 +101,8 @@ def test_f2obo_sl_matches_the_replica_with_decaying_gamma():
         K=1,
         alpha=0.3,
         lam1=5.0,
-        tau=1 / 3,
-        gamma=lambda t: 0.2 * t ** (-1 / 3),
+        tau=1 / 4,
+        gamma=lambda t: 0.2 * t ** (-1 / 4),
         lagrangian=0.1,
     )
     played = play_rounds(solver, problem, 6)
@@ -109,7 +110,7 @@ def test_f2obo_sl_matches_the_replica_with_decaying_gamma():
         np.testing.assert_allclose(state.x, x, rtol=1e-10, atol=1e-13, err_msg=f"round {t}")
         np.testing.assert_allclose(state.y, y, rtol=1e-10, atol=1e-13, err_msg=f"round {t}")
     gammas = jax.vmap(solver.outer_lr)(jnp.arange(1, 7))
-    np.testing.assert_allclose(gammas, 0.2 * np.arange(1, 7) ** (-1 / 3), rtol=1e-12)
+    np.testing.assert_allclose(gammas, 0.2 * np.arange(1, 7) ** (-1 / 4), rtol=1e-12)
 
 
 def test_stochastic_round_shares_the_inner_sample_of_the_z_and_y_steps():

@@ -12,9 +12,10 @@ streams of tests/online_settings_*.py (mu_F ~ 0.19) no method can reach 0.1 with
 
 Measured 2026-11-26 (float64, seed 0) on this stream, ratio to standing still at default /
 0.01 / 0.3: af2obo 0.0053 / 0.015 / refused, aobo 0.0030 / 0.013 / refused, f2obo 0.0027 /
-0.015 / refused, f2obo-sl 0.0040 / 0.020 / refused, fsobo 0.0042 / 0.020 / 0.0042, oagd
-0.0043 / 0.017 / refused, obbo 0.0025 / 0.013 / refused, sf2obo 0.0036 / 0.016 / refused,
-sobbo 0.017 / 0.021 / refused, sobow 0.023 / 0.025 / refused, sogd 0.0042 / 0.020 / 0.0042.
+0.015 / refused, f2obo-sl 0.0040 / 0.018 / refused (its tau = 1/4, 2026-11-29), fsobo 0.0042 /
+0.020 / 0.0042, oagd 0.0043 / 0.017 / refused, obbo 0.0025 / 0.013 / refused, sf2obo 0.0036 /
+0.016 / refused, sobbo 0.017 / 0.021 / refused, sobow 0.023 / 0.025 / refused, sogd 0.0042 /
+0.020 / 0.0042.
 """
 
 import dataclasses

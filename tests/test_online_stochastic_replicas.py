@@ -269,7 +269,8 @@ PENALTY_CASES = {
         BATCH,
         lambda t: (2, 3, None, 5 * t**0.7, 0.2, 0.1 / (5 * t**0.7), 0.2),
     ),
-    # Theorem 3.2: K = 1, lam_t = 5 t^(1/3), beta_t = lr_lagrangian / lam_t, gamma_t decays
+    # Theorem 3.2: K = 1, lam_t = 5 t^(1/4) (the default tau = 1/4), beta_t = lr_lagrangian /
+    # lam_t, gamma_t decays
     "f2obo-sl": (
         lambda: bl.solvers.make(
             "f2obo-sl", lr_outer=0.2, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH
@@ -280,10 +281,10 @@ PENALTY_CASES = {
             1,
             2,
             None,
-            5 * t ** (1 / 3),
+            5 * t ** (1 / 4),
             0.2,
-            0.1 / (5 * t ** (1 / 3)),
-            0.2 * t ** (-1 / 3),
+            0.1 / (5 * t ** (1 / 4)),
+            0.2 * t ** (-1 / 4),
         ),
     ),
     # Theorem 5.1's growing K_t and B_t (the first B_t rows of cap-size draws), draw K_t < cap
@@ -568,12 +569,12 @@ def test_sogd_rounds(direction):
 
 # ---- the regret with a decaying gamma_t on a constrained stream ---------------------------------
 REGRET_CASES = {
-    # Theorem 3.2: gamma_t = gamma_1 t^-tau, tau = 1/3 (F2OBO-SL's own rule)
+    # Theorem 3.2: gamma_t = gamma_1 t^-tau, tau = 1/4 (F2OBO-SL's default)
     "f2obo-sl": (
         lambda: bl.solvers.make(
             "f2obo-sl", lr_outer=0.3, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH
         ),
-        lambda t: 0.3 * t ** (-1 / 3),
+        lambda t: 0.3 * t ** (-1 / 4),
     ),
     # SF2OBO's gamma_t is lr_outer (constant; Theorem 5.1 decays alpha_t and beta_t, not
     # gamma): a decaying schedule is passed as lr_outer, which the regret must follow
