@@ -19,6 +19,7 @@ Measured 2026-11-26 (float64, seed 0) on this stream, ratio to standing still at
 """
 
 import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -186,3 +187,60 @@ def test_the_bound_ignores_unread_diagnostics_and_refuses_a_non_finite_round():
     solver = bl.solvers.make("f2obo")
     with pytest.raises(ValueError, match="not finite on round 7 of the stream"):
         auto._check_finite(solver, {1: (m[:2, :2], m[:2, :2]), 7: (read, read)})
+
+
+#: the constructor's own stream (rho_x = 0.1, mu_F ~ 0.1) with drift: there a step of 0.01
+#: cannot settle in 400 rounds (every method ends at 0.16-0.19 of standing still with it)
+SLOW = dict(horizon=HORIZON, drift_inner=0.02, drift_outer=0.02)
+
+
+@pytest.fixture(scope="module")
+def slow_stream():
+    return bl.problems.drifting_quadratic(**SLOW)
+
+
+def _range(message: str) -> tuple[float, float]:
+    low, high = message.split("where steps from ")[1].split(" reach")[0].split(" to ")
+    return float(low), float(high)
+
+
+@pytest.mark.parametrize("name", ["f2obo", "sobow", "f2obo-sl"])
+def test_a_step_that_cannot_settle_is_refused_with_the_steps_that_do(name, slow_stream):
+    """lr_outer = 0.01 on the slow stream is refused, naming a range of steps; played anyway
+    (check_step=False) it ends above a tenth of standing still, as predicted; a step from the
+    range ends below it. F2OBO keeps a constant step (its map linearised on the last round),
+    SOBOW a window of stored estimates, F2OBO-SL a decaying step (linearised on round 1)."""
+    still = standing_still(slow_stream)
+    with pytest.raises(ValueError, match=r"lr_outer=0.01\) is below the steps that let x settle"):
+        _play(slow_stream, name, lr_outer=0.01)
+    try:
+        _play(slow_stream, name, lr_outer=0.01)
+    except ValueError as err:
+        message = str(err)
+    assert "'auto', or check_step=False to play 0.01 anyway" in message
+    low, high = _range(message)
+    assert 0.01 < low < high
+    played = bl.solve_online(
+        slow_stream,
+        bl.solvers.make(name, lr_outer=0.01),
+        progress=False,
+        eval_every=EVERY,
+        check_step=False,
+    )
+    assert played.regret[-1] > 0.1 * still
+    inside = _play(slow_stream, name, lr_outer=math.sqrt(low * high))
+    assert inside.regret[-1] <= 0.1 * still
+
+
+def test_the_settling_prediction_is_the_played_regret_on_a_still_quadratic():
+    """Without drift every round of a quadratic stream is the same affine map, so the
+    prediction (bilevel.solvers.online.settling) is SOGD's own regret ratio up to rounding;
+    the sign of any term in its recursion would show here."""
+    from bilevel.solvers.online import settling
+
+    stream = bl.problems.drifting_quadratic(dx=3, dy=4, horizon=120, cond=3.0, seed=2)
+    solver = bl.solvers.make("sogd", lr_outer=0.02).with_horizon(120).resolve(stream)
+    predicted = settling.settling(solver, stream, "closed form", None)
+    played = bl.solve_online(stream, solver, progress=False, check_step=False)
+    assert predicted.round == 120 and predicted.reaching == ()
+    np.testing.assert_allclose(predicted.ratio, played.regret[-1] / standing_still(stream), 1e-8)

@@ -156,8 +156,9 @@ def cg(
     the solution is reached after at most ``n`` iterations (``n`` = total size of ``b``).
 
     Early stopping: once the (recursively updated) residual satisfies
-    ``||r_k|| <= tol * ||b||`` -- in particular once ``r_k`` is exactly zero, which covers
-    ``b = 0`` with ``init=None`` -- the remaining iterations leave the iterate unchanged.
+    ``||r_k|| <= max(tol, eps) * ||b||`` (``eps`` the dtype's machine epsilon: a residual at
+    the rounding level of ``b``; in particular ``r_k = 0``, which covers ``b = 0`` with
+    ``init=None``) the remaining iterations leave the iterate unchanged.
     The divisions by ``p^T H p`` and ``r^T r`` are guarded, so no NaN is produced after
     convergence. If ``p^T H p = 0`` before convergence (possible only if ``H`` is singular),
     the step is skipped and the search direction is reset to the residual. NaNs in ``b`` or
@@ -173,7 +174,7 @@ def cg(
         num_iters: Number of CG iterations, a static Python int ``>= 0``.
         init: Starting point ``u_0`` (same structure as ``b``); ``None`` means zeros.
         tol: Relative residual tolerance ``>= 0``; ``0`` runs every iteration unless the
-            residual becomes exactly zero.
+            residual falls to the rounding level ``eps * ||b||``.
         indexed: Call ``matvec(v, i)`` with ``i`` the iteration (a traced ``int32``,
             ``0, ..., num_iters - 1``), so the caller can use an independent minibatch Hessian
             per product (hypertorch's ``stochastic=True``); ``init`` must then be ``None``.
@@ -208,8 +209,12 @@ def cg(
         x0 = _match_dtypes(_as_float_arrays(init), b)
         r0 = _match_dtypes(tree_sub(b, matvec(x0)), b)
     rs0 = tree_vdot(r0, r0)
-    # Compare squared norms so no sqrt (and no sqrt'(0) = inf under grad) is needed.
-    threshold = (tol * tol) * tree_vdot(b, b)
+    # Compare squared norms so no sqrt (and no sqrt'(0) = inf under grad) is needed. A residual
+    # at the rounding level of b counts as converged too: iterating on it only adds rounding,
+    # and its derivative (rs_new / rs with rs ~ 0) overflows in float32, which made forward-mode
+    # Jacobians of a converged solve NaN (OAGD's round map on a 3-dimensional y).
+    floor = jnp.finfo(jnp.result_type(rs0)).eps ** 2
+    threshold = jnp.maximum(tol * tol, floor) * tree_vdot(b, b)
 
     def step(carry, i):
         x, r, p, rs = carry

@@ -208,8 +208,11 @@ def solve_online(
         init: optional ``init(key) -> (x0, y0)``: a random start per seed, as in ``bl.solve``.
         cpu_rewrites: the XLA:CPU rewrites of the compiled rounds, as in :func:`bilevel.solve`.
         check_step: refuse a numeric ``lr_outer`` above the solver's stable bound
-            (``OnlineSolver.check_outer_step``); ``False`` plays it anyway (to study a
-            divergence). ``lr_outer="auto"`` is tuned below the bound (module docstring).
+            (``OnlineSolver.check_outer_step``), or, with a regret, one predicted to leave it
+            above a tenth of standing still where other steps below the bound reach that
+            (``OnlineSolver.check_settling``); ``False`` plays it anyway (to study a
+            divergence or a slow step). ``lr_outer="auto"`` is tuned below the bound (module
+            docstring).
         log_to: a TensorBoard directory, as in :func:`bilevel.solve` (the round is the step).
 
     Returns:
@@ -239,6 +242,8 @@ def solve_online(
     template, solver = solver, solver.resolve(problem)
     if check_step and tuning is None:
         solver.check_outer_step(problem)
+        if oracle is not None:
+            solver.check_settling(problem, oracle)
 
     state = init_states(solver, problem, seed_list, init)
     followed = followed_fields(template, solver)  # "auto" inner steps follow the rounds

@@ -57,6 +57,9 @@ __all__ = [
     "penalty_inner_steps",
     "unrolled_inner_steps",
     "inner_contraction",
+    "affine_round_map",
+    "float_part",
+    "is_float",
 ]
 
 #: float entries of a solver's state up to which the round map's Jacobian is formed densely
@@ -144,6 +147,39 @@ def _compute(solver, problem) -> StepBound:
     return StepBound(min(found) if found else None, scale, rounds)
 
 
+def affine_round_map(solver, problem, state, t: int):
+    """Round ``t``'s map of ``solver`` at ``state`` (x0, y0), affine in ``lr_outer`` for an
+    unconstrained x: ``(A, D, a, d, s)`` with the Jacobian ``A + gamma D``, the state after the
+    round ``a + gamma d`` and the float part ``s`` of ``state`` (float64 numpy), all in the lag
+    frame of a window (:func:`_by_lag`); ``None`` for a state of more than
+    :data:`MAX_JACOBIAN_ENTRIES` floats. Used by :mod:`bilevel.solvers.online.settling`."""
+    start = state._replace(t=jnp.asarray(t, state.t.dtype))
+    flat = _float_part(_by_lag(start, start.t, to_ring=False))[0]
+    if flat.size > MAX_JACOBIAN_ENTRIES or flat.size == 0:
+        return None
+    jac = _JACOBIANS[bool(solver.linearise_by_differences)]
+    ones, twos = (
+        _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
+        for lr in (1.0, 2.0)
+    )
+    after_1, after_2 = (
+        np.asarray(_ADVANCE(flat, _with_lr(solver, lr), start, problem), np.float64)
+        for lr in (1.0, 2.0)
+    )
+    lagged = np.asarray(flat, np.float64)
+    return 2 * ones - twos, twos - ones, 2 * after_1 - after_2, after_2 - after_1, lagged
+
+
+def float_part(state) -> jax.Array:
+    """The float entries of ``state``, flat (the iterates a round maps)."""
+    return _float_part(state)[0]
+
+
+def is_float(leaf) -> bool:
+    """Whether a leaf of a state is one of its float iterates."""
+    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
+
+
 def _unread_rows_zeroed(jacobian: np.ndarray) -> np.ndarray:
     """The Jacobian (float64) with the rows of the state entries that no entry reads set to 0.
     Those are the solver's own diagnostics (a norm of the last direction or inner gradient):
@@ -178,7 +214,7 @@ def _float_part(state):
     """``(flat floats of the state, mask of its float leaves)``: the iterates a round maps
     (counts, the round and the key are not floats)."""
     leaves = jax.tree.leaves(state)
-    mask = [hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating) for a in leaves]
+    mask = [is_float(a) for a in leaves]
     floats = [a for a, m in zip(leaves, mask, strict=True) if m]
     return ravel_pytree(floats)[0], mask
 
@@ -227,6 +263,7 @@ def _by_differences(flat, solver, state, problem):
 #: The solver's float hyperparameters are leaves and ``t`` an argument: solvers that differ
 #: only in those share one compilation per problem.
 _JACOBIANS = {False: jax.jit(jax.jacfwd(_advance)), True: jax.jit(_by_differences)}
+_ADVANCE = jax.jit(_advance)
 
 
 def _count_unstable(matrix: np.ndarray) -> int:

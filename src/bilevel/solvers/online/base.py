@@ -40,7 +40,7 @@ from bilevel.core.oracles import Counts
 from bilevel.core.problem import ProblemKindError
 from bilevel.core.schedules import round_step_size
 from bilevel.solvers.base import Solver, _is_auto
-from bilevel.solvers.online import auto
+from bilevel.solvers.online import auto, settling
 
 __all__ = ["OnlineSolver"]
 
@@ -162,6 +162,32 @@ class OnlineSolver(Solver):
             f"{bound.describe()}, stays stable; 2 / L_F for an exact gradient step): use "
             f"lr_outer <= {_round_down(bound.bound)} or "
             f"'auto'{self.outer_step_hint()}."
+        )
+
+    def check_settling(self, problem, oracle: str) -> None:
+        """Refuse a numeric ``lr_outer`` predicted to leave the regret above a tenth of that
+        of standing still at x0 within the horizon, where steps below the stable bound are
+        predicted to reach it (a ValueError naming them; ``bilevel.solvers.online.settling``,
+        whose module docstring has the prediction). ``oracle``: the regret's oracle of grad
+        F_t. Skipped where :meth:`check_outer_step` is, and where no prediction is made."""
+        lr = self.lr_outer
+        if callable(lr) or self.outer_optimizer not in ("sgd", "momentum"):
+            return
+        bound = self.stable_outer_step(problem).bound
+        found = settling.settling(self, problem, oracle, bound)
+        if found is None or not found.reaching:
+            return
+        low, high = min(found.reaching), max(found.reaching)
+        lr = float(lr)
+        which = "below" if lr < low else "above" if lr > high else "not among"
+        raise ValueError(
+            f"{type(self).__name__}(lr_outer={lr:g}) is {which} the steps that let x settle "
+            f"within the {problem.horizon} rounds of {problem.name}: the method's round map, "
+            f"linearised at (x0, y0) on round {found.round} and played for {problem.horizon} "
+            f"rounds, ends with a regret {found.ratio:.2g} of that of standing still at x0 "
+            f"with it, where steps from {low:.3g} to {high:.3g} reach {settling.TARGET:g} (the "
+            f"stable bound is {bound:.3g}): use lr_outer in that range or 'auto', or "
+            f"check_step=False to play {lr:g} anyway."
         )
 
     def outer_step_hint(self) -> str:

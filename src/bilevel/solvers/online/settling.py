@@ -1,0 +1,156 @@
+r"""Whether a numeric ``lr_outer`` lets x settle within the horizon of a stream.
+
+A step far below the stable bound (:mod:`bilevel.solvers.online.auto`) is safe but can be too
+small for the horizon: x then moves a fraction of the way to the minimiser of F_t in T rounds,
+and the regret stays near that of standing still at x0. On
+``drifting_quadratic(horizon=400, drift_inner=0.02, drift_outer=0.02)`` (rho_x = 0.1, so
+mu_F ~ 0.1) every online method with ``lr_outer = 0.01`` ends at 0.16-0.19 of the regret of
+standing still, where 0.03 gives 0.06-0.07 (docs/online.md).
+
+The prediction: the method's round map, linearised at (x0, y0), J(gamma) = A + gamma D, and its
+value there (both affine in gamma for an unconstrained x; :func:`bilevel.solvers.online.auto.
+affine_round_map`), played for the T rounds of the horizon from the start state with gamma_t
+the method's own outer step of round t (a decaying gamma_t decays here too):
+``s_{t+1} = s_0' (gamma_t) + J(gamma_t) (s_t - s_0)``, where ``s_0'`` is the state one round
+after the start. Its regret is ``sum_t ||grad F_r(x_t)||^2`` against ``T ||grad F_r(x0)||^2``
+for x held at x0, with grad F_r of the linearised round r. That is r = T where the method's
+x step is constant: there every schedule of the method has its horizon's value (a window of
+stored estimates is full, SF2OBO's K_t has grown from K_1 = 1, lam_t has grown), and the first
+rounds' maps are not representative of most of the run. Where the x step decays (F2OBO-SL's
+gamma_t = lr_outer t^-tau) it is r = 1: the map of round T with the larger steps of the first
+rounds is unstable (F2OBO-SL's prediction ran to 1e23 at 0.7 of its stable bound), and with
+round 1's it is 0.50 / 0.22 / 0.085 / 0.048 against 0.47 / 0.24 / 0.12 / 0.085 played.
+On a quadratic stream without drift this is the method's own regret ratio; the drift
+adds to both. Measured on that stream (2026-11-29, seed 0), predicted against played, at 0.01
+/ 0.03 / 0.1 / 0.3: F2OBO 0.170 / 0.059 / 0.018 / 0.007 against 0.174 / 0.061 / 0.019 /
+0.007, OAGD 0.167 / 0.058 / 0.018 / 0.006 against 0.171 / 0.061 / 0.021 / 0.009, SF2OBO 0.182
+/ 0.064 / 0.020 / 0.007 against 0.189 / 0.068 / 0.022 / 0.009, AOBO 0.170 / 0.060 / 0.020 /
+0.008 against 0.158 / 0.057 / 0.019 / 0.009 (linearised on round 1 instead, OAGD's was 0.51 /
+0.22 / 0.071 / 0.024 and SF2OBO's 0.24 / 0.11 / 0.057 / 0.041).
+
+:func:`settling` predicts the given step and, when it misses :data:`TARGET`, the steps of a
+grid below the stable bound; ``OnlineSolver.check_settling`` refuses the step when some of
+them reach the target (naming them), and plays it when none does (a horizon too short for any
+step: nothing better to offer).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bilevel.analysis import regret as _regret
+from bilevel.solvers.online import auto
+
+__all__ = ["TARGET", "Settling", "settling"]
+
+#: the regret, over that of standing still at x0, a numeric step must be predicted to reach
+TARGET = 0.1
+#: the grid of the refusal's advice: the stable bound times these factors
+GRID = tuple(2.0 ** (-k / 2) for k in range(1, 21))
+#: the longest horizon predicted (each grid step plays the linearised map for every round)
+MAX_ROUNDS = 20_000
+#: the regret oracles whose grad F_r is cheap at every point of the prediction
+ORACLES = ("closed form", "dense inner solve")
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {key: Settling}
+
+
+class Settling(NamedTuple):
+    """The predicted regret ratio of ``lr_outer`` and, where it misses :data:`TARGET`, the
+    grid steps (below the stable bound) predicted to reach it.
+
+    Attributes:
+        ratio: the predicted regret of ``lr_outer`` over that of standing still at x0.
+        reaching: the grid steps predicted at most :data:`TARGET` (empty when ``ratio`` is
+            at most the target, or when none is).
+        round: the round the map was linearised on.
+    """
+
+    ratio: float
+    reaching: tuple[float, ...]
+    round: int
+
+
+def settling(solver, problem, oracle: str, bound: float | None) -> Settling | None:
+    """Predict the regret ratio of ``solver``'s numeric ``lr_outer`` on ``problem`` (module
+    docstring), cached per problem and solver; ``None`` where no prediction is made: a
+    constrained x, an x of several arrays, a solver that draws minibatches (each round's map is
+    then a draw's), a state too large for the Jacobian or without an ``x`` field, an
+    ``oracle`` not in :data:`ORACLES`, or a horizon above :data:`MAX_ROUNDS`."""
+    one_array = len(jax.tree.leaves(problem.x0)) == 1
+    if problem.x_set is not None or oracle not in ORACLES or not one_array:
+        return None
+    if getattr(solver, "batch_size", None) is not None or problem.horizon > MAX_ROUNDS:
+        return None
+    key = (repr(solver), oracle, bound)
+    cache = _CACHE.setdefault(problem, {})
+    if key not in cache:
+        cache[key] = _settling(solver, problem, oracle, bound)
+    return cache[key]
+
+
+def _settling(solver, problem, oracle: str, bound: float | None) -> Settling | None:
+    state = solver.init(problem, jax.random.key(0))
+    if not hasattr(state, "x"):
+        return None
+    steps = np.asarray(_steps(solver, jnp.arange(1, problem.horizon + 1)), float)
+    if not steps[0] > 0:
+        return None
+    r = problem.horizon if np.all(steps == steps[0]) else 1
+    mapped = auto.affine_round_map(solver, problem, state, r)
+    if mapped is None:
+        return None
+    predict = _predictor(problem, oracle, r, mapped, _x_rows(state), steps / steps[r - 1])
+    lr = float(solver.lr_outer)
+    ratio = predict(lr)
+    reaching: tuple[float, ...] = ()
+    if ratio > TARGET and bound is not None:
+        reaching = tuple(s for s in (bound * f for f in GRID) if predict(s) <= TARGET)
+    return Settling(ratio, reaching, r)
+
+
+def _predictor(problem, oracle: str, r: int, mapped, x_rows: np.ndarray, decay: np.ndarray):
+    """``predict(lr) -> ratio`` for the affine map ``mapped`` of round ``r``, the x step of
+    round t being ``lr * decay[t - 1]``."""
+    a, d, after_a, after_d, start = mapped
+    T = problem.horizon
+    x0 = jnp.asarray(jax.tree.leaves(problem.x0)[0])
+    still = float(jnp.sum(_grads(problem, x0[None], problem.y0, oracle, r) ** 2)) * T
+
+    def predict(lr: float) -> float:
+        s, xs = start, np.empty((T, int(x_rows.sum())))
+        for t in range(T):
+            xs[t] = s[x_rows]
+            gamma = lr * decay[t]
+            s = after_a + gamma * after_d + (a + gamma * d) @ (s - start)
+        points = jnp.asarray(xs).reshape((T, *x0.shape))
+        g = np.asarray(_grads(problem, points, problem.y0, oracle, r))
+        return float(np.sum(g**2) / still) if still > 0 else 0.0
+
+    return predict
+
+
+@jax.jit
+def _steps(solver, rounds: jax.Array) -> jax.Array:
+    """gamma_t of ``rounds`` (one compilation per solver structure: its floats are leaves)."""
+    return jax.vmap(solver.outer_lr)(rounds)
+
+
+@functools.partial(jax.jit, static_argnames=("oracle", "r"))
+def _grads(problem, xs: jax.Array, y0, oracle: str, r: int) -> jax.Array:
+    """grad F_r at each row of ``xs`` by the regret's ``oracle``."""
+    return jax.vmap(lambda x: _regret.hypergradient(problem, oracle, r, x, y0, 0))(xs)
+
+
+def _x_rows(state) -> np.ndarray:
+    """The boolean mask of x's entries in the float part of ``state``."""
+    marked = jax.tree.map(lambda a: jnp.zeros_like(a) if auto.is_float(a) else a, state)._replace(
+        x=jax.tree.map(jnp.ones_like, state.x)
+    )
+    return np.asarray(auto.float_part(marked)) > 0.5
