@@ -122,7 +122,7 @@ def _compute(solver, problem) -> StepBound:
 
     def at(t: int, lr: float) -> np.ndarray:  # round t's Jacobian at (x0, y0), by lag
         start = state._replace(t=jnp.asarray(t, state.t.dtype))
-        return _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
+        return _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)[0]))
 
     pairs = {t: (at(t, 1.0), at(t, 2.0)) for t in rounds}
     _check_finite(solver, pairs)
@@ -158,14 +158,11 @@ def affine_round_map(solver, problem, state, t: int):
     if flat.size > MAX_JACOBIAN_ENTRIES or flat.size == 0:
         return None
     jac = _JACOBIANS[bool(solver.linearise_by_differences)]
-    ones, twos = (
-        _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
-        for lr in (1.0, 2.0)
+    (ones, after_1), (twos, after_2) = (
+        jac(flat, _with_lr(solver, lr), start, problem) for lr in (1.0, 2.0)
     )
-    after_1, after_2 = (
-        np.asarray(_ADVANCE(flat, _with_lr(solver, lr), start, problem), np.float64)
-        for lr in (1.0, 2.0)
-    )
+    ones, twos = _unread_rows_zeroed(np.asarray(ones)), _unread_rows_zeroed(np.asarray(twos))
+    after_1, after_2 = np.asarray(after_1, np.float64), np.asarray(after_2, np.float64)
     lagged = np.asarray(flat, np.float64)
     return 2 * ones - twos, twos - ones, 2 * after_1 - after_2, after_2 - after_1, lagged
 
@@ -249,21 +246,30 @@ def _advance(flat, solver, state, problem):
 
 def _by_differences(flat, solver, state, problem):
     """:func:`_advance`'s Jacobian by central differences (exact for an affine round map up to
-    rounding)."""
+    rounding), and its value at ``flat``."""
     eps = 1e-3 * jnp.maximum(1.0, jnp.abs(flat))
     steps = jnp.diag(eps)
     plus = jax.vmap(lambda e: _advance(flat + e, solver, state, problem))(steps)
     minus = jax.vmap(lambda e: _advance(flat - e, solver, state, problem))(steps)
-    return ((plus - minus) / (2 * eps)[:, None]).T
+    return ((plus - minus) / (2 * eps)[:, None]).T, _advance(flat, solver, state, problem)
 
 
-#: ``jac(flat, solver, state, problem)``: the Jacobian of a round in the float part of the
-#: state, by forward mode or (for a round that holds a value constant with ``stop_gradient``,
-#: which forward mode reads as no dependence: OBBO's ITD warm start) by central differences.
-#: The solver's float hyperparameters are leaves and ``t`` an argument: solvers that differ
-#: only in those share one compilation per problem.
-_JACOBIANS = {False: jax.jit(jax.jacfwd(_advance)), True: jax.jit(_by_differences)}
-_ADVANCE = jax.jit(_advance)
+def _advance_twice(flat, solver, state, problem):
+    """:func:`_advance` as ``(value, value)``: forward mode's Jacobian with the value as aux."""
+    after = _advance(flat, solver, state, problem)
+    return after, after
+
+
+#: ``jac(flat, solver, state, problem) -> (Jacobian, value)``: the Jacobian of a round in the
+#: float part of the state and the state after it, by forward mode or (for a round that holds a
+#: value constant with ``stop_gradient``, which forward mode reads as no dependence: OBBO's ITD
+#: warm start) by central differences. The solver's float hyperparameters are leaves and ``t``
+#: an argument: solvers that differ only in those share one compilation per problem, and the
+#: stable bound and the settling prediction share it too.
+_JACOBIANS = {
+    False: jax.jit(jax.jacfwd(_advance_twice, has_aux=True)),
+    True: jax.jit(_by_differences),
+}
 
 
 def _count_unstable(matrix: np.ndarray) -> int:
