@@ -208,8 +208,8 @@ def _range(message: str) -> tuple[float, float]:
 def test_a_step_that_cannot_settle_is_refused_with_the_steps_that_do(name, slow_stream):
     """lr_outer = 0.01 on the slow stream is refused, naming a range of steps; played anyway
     (check_step=False) it ends above a tenth of standing still, as predicted; a step from the
-    range ends below it. F2OBO keeps a constant step (its map linearised on the last round),
-    SOBOW a window of stored estimates, F2OBO-SL a decaying step (linearised on round 1)."""
+    range ends below it. F2OBO keeps a constant step, SOBOW a window of stored estimates,
+    F2OBO-SL a decaying step (the maps of rounds 1, 2, 4, ... follow them)."""
     still = standing_still(slow_stream)
     with pytest.raises(ValueError, match=r"lr_outer=0.01\) is below the steps that let x settle"):
         _play(slow_stream, name, lr_outer=0.01)
@@ -242,7 +242,7 @@ def test_the_settling_prediction_is_the_played_regret_on_a_still_quadratic():
     solver = bl.solvers.make("sogd", lr_outer=0.02).with_horizon(120).resolve(stream)
     predicted = settling.settling(solver, stream, "closed form", None)
     played = bl.solve_online(stream, solver, progress=False, check_step=False)
-    assert predicted.round == 120 and predicted.reaching == ()
+    assert predicted.rounds == (1, 2, 4, 8, 16, 32, 64) and predicted.reaching == ()
     np.testing.assert_allclose(predicted.ratio, played.regret[-1] / standing_still(stream), 1e-8)
 
 

@@ -182,10 +182,10 @@ class OnlineSolver(Solver):
         which = "below" if lr < low else "above" if lr > high else "not among"
         raise ValueError(
             f"{type(self).__name__}(lr_outer={lr:g}) is {which} the steps that let x settle "
-            f"within the {problem.horizon} rounds of {problem.name}: the method's round map, "
-            f"linearised at (x0, y0) on round {found.round} and played for {problem.horizon} "
-            f"rounds, ends with a regret {found.ratio:.2g} of that of standing still at x0 "
-            f"with it, where steps from {low:.3g} to {high:.3g} reach {settling.TARGET:g} (the "
+            f"within the {problem.horizon} rounds of {problem.name}: the method's round maps, "
+            f"linearised at (x0, y0) on rounds 1, 2, 4, ..., {found.rounds[-1]} and each played "
+            f"until the next, end with a regret {found.ratio:.2g} of that of standing still at "
+            f"x0 with it, where steps from {low:.3g} to {high:.3g} reach {settling.TARGET:g} (the "
             f"stable bound is {bound:.3g}): use lr_outer in that range or 'auto', or "
             f"check_step=False to play {lr:g} anyway."
         )

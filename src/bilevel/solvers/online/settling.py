@@ -7,26 +7,25 @@ and the regret stays near that of standing still at x0. On
 mu_F ~ 0.1) every online method with ``lr_outer = 0.01`` ends at 0.16-0.19 of the regret of
 standing still, where 0.03 gives 0.06-0.07 (docs/online.md).
 
-The prediction: the method's round map, linearised at (x0, y0), J(gamma) = A + gamma D, and its
-value there (both affine in gamma for an unconstrained x; :func:`bilevel.solvers.online.auto.
-affine_round_map`), played for the T rounds of the horizon from the start state with gamma_t
-the method's own outer step of round t (a decaying gamma_t decays here too):
-``s_{t+1} = s_0' (gamma_t) + J(gamma_t) (s_t - s_0)``, where ``s_0'`` is the state one round
-after the start. Its regret is ``sum_t ||grad F_r(x_t)||^2`` against ``T ||grad F_r(x0)||^2``
-for x held at x0, with grad F_r of the linearised round r. That is r = T where the method's
-x step is constant: there every schedule of the method has its horizon's value (a window of
-stored estimates is full, SF2OBO's K_t has grown from K_1 = 1, lam_t has grown), and the first
-rounds' maps are not representative of most of the run. Where the x step decays (F2OBO-SL's
-gamma_t = lr_outer t^-tau) it is r = 1: the map of round T with the larger steps of the first
-rounds is unstable (F2OBO-SL's prediction ran to 1e23 at 0.7 of its stable bound), and with
-round 1's it is 0.50 / 0.22 / 0.085 / 0.048 against 0.47 / 0.24 / 0.12 / 0.085 played.
-On a quadratic stream without drift this is the method's own regret ratio; the drift
-adds to both. Measured on that stream (2026-11-29, seed 0), predicted against played, at 0.01
-/ 0.03 / 0.1 / 0.3: F2OBO 0.170 / 0.059 / 0.018 / 0.007 against 0.174 / 0.061 / 0.019 /
-0.007, OAGD 0.167 / 0.058 / 0.018 / 0.006 against 0.171 / 0.061 / 0.021 / 0.009, SF2OBO 0.182
-/ 0.064 / 0.020 / 0.007 against 0.189 / 0.068 / 0.022 / 0.009, AOBO 0.170 / 0.060 / 0.020 /
-0.008 against 0.158 / 0.057 / 0.019 / 0.009 (linearised on round 1 instead, OAGD's was 0.51 /
-0.22 / 0.071 / 0.024 and SF2OBO's 0.24 / 0.11 / 0.057 / 0.041).
+The prediction: the method's round map, linearised at (x0, y0), J_r(gamma) = A_r + gamma D_r,
+and the state after it (both affine in gamma for an unconstrained x;
+:func:`bilevel.solvers.online.auto.affine_round_map`), on the rounds r = 1, 2, 4, ... up to T,
+each played for the rounds up to the next from the start state:
+``s_{t+1} = s_r' (gamma_t) + J_r(gamma_t) (s_t - s_0)``, where ``s_r'`` is the state one round
+r after the start and gamma_t the method's own outer step of round t (a decaying gamma_t
+decays here too). Its regret is ``sum_t ||grad F_1(x_t)||^2`` against ``T ||grad F_1(x0)||^2``
+for x held at x0. The doubling rounds follow what changes with t (a window of stored estimates
+filling, SF2OBO's K_t and every lam_t growing, F2OBO-SL's gamma_t = lr_outer t^-tau decaying)
+with log2(T) linearisations, and within a piece the x step only falls from its round's. On a
+quadratic stream without drift this is the method's own regret ratio up to the changes within
+a piece; the drift adds to both. Measured on that stream (2026-11-29, seed 0), predicted
+against played, at 0.01 / 0.03 / 0.1 / 0.3: F2OBO 0.169 / 0.063 / 0.027 / 0.016 against
+0.174 / 0.061 / 0.019 / 0.007, F2OBO-SL 0.455 / 0.222 / 0.109 / 0.077 against 0.469 / 0.239 /
+0.121 / 0.085, SF2OBO 0.183 / 0.069 / 0.029 / 0.018 against 0.189 / 0.068 / 0.022 / 0.009,
+OAGD 0.167 / 0.064 / 0.030 / 0.019 against 0.171 / 0.061 / 0.021 / 0.009. One map for every
+round missed some: round 1's (OAGD 0.51 / 0.22 / 0.071 / 0.024, SF2OBO 0.24 / 0.11 / 0.057 /
+0.041: their first rounds are unlike the rest), round T's (F2OBO-SL's ran to 1e23 with the
+larger steps of its first rounds).
 
 :func:`settling` predicts the given step and, when it misses :data:`TARGET`, the steps of a
 grid below the stable bound; ``OnlineSolver.check_settling`` refuses the step when some of
@@ -72,12 +71,13 @@ class Settling(NamedTuple):
         ratio: the predicted regret of ``lr_outer`` over that of standing still at x0.
         reaching: the grid steps predicted at most :data:`TARGET` (empty when ``ratio`` is
             at most the target, or when none is).
-        round: the round the map was linearised on.
+        rounds: the rounds the map was linearised on (1, 2, 4, ...: each plays the rounds up
+            to the next).
     """
 
     ratio: float
     reaching: tuple[float, ...]
-    round: int
+    rounds: tuple[int, ...]
 
 
 def settling(solver, problem, oracle: str, bound: float | None) -> Settling | None:
@@ -102,43 +102,46 @@ def _settling(solver, problem, oracle: str, bound: float | None) -> Settling | N
     state = solver.init(problem, jax.random.key(0))
     if not hasattr(state, "x"):
         return None
-    steps = np.asarray(_steps(solver, jnp.arange(1, problem.horizon + 1)), float)
+    T = problem.horizon
+    steps = np.asarray(_steps(solver, jnp.arange(1, T + 1)), float)
     if not steps[0] > 0:
         return None
-    r = problem.horizon if np.all(steps == steps[0]) else 1
-    mapped = auto.affine_round_map(solver, problem, state, r)
-    if mapped is None:
+    rounds = tuple(2**k for k in range(T.bit_length()) if 2**k <= T)
+    maps = [auto.affine_round_map(solver, problem, state, r) for r in rounds]
+    if maps[0] is None:
         return None
-    predict = _predictor(problem, oracle, r, mapped, _x_rows(state), steps / steps[r - 1])
+    predict = _predictor(problem, oracle, rounds, maps, _x_rows(state), steps)
     lr = float(solver.lr_outer)
     ratio = predict(lr)
     reaching: tuple[float, ...] = ()
     if ratio > TARGET and bound is not None:
         reaching = tuple(s for s in (bound * f for f in GRID) if predict(s) <= TARGET)
-    return Settling(ratio, reaching, r)
+    return Settling(ratio, reaching, rounds)
 
 
-def _predictor(problem, oracle: str, r: int, mapped, x_rows: np.ndarray, decay: np.ndarray):
-    """``predict(lr) -> ratio`` for the affine map ``mapped`` of round ``r``, the x step of
-    round t being ``lr * decay[t - 1]``."""
-    a, d, after_a, after_d, start = mapped
+def _predictor(problem, oracle: str, rounds, maps, x_rows: np.ndarray, steps: np.ndarray):
+    """``predict(lr) -> ratio``: round t played by the affine map of the last of ``rounds``
+    at or before t, with the x step ``lr * steps[t - 1] / steps[r - 1]`` (``steps``: the
+    method's gamma_t for its ``lr_outer``: only their ratios enter)."""
     T = problem.horizon
     x0 = jnp.asarray(jax.tree.leaves(problem.x0)[0])
-    still = float(jnp.sum(_grads(problem, x0[None], problem.y0, oracle, r) ** 2)) * T
+    still = float(jnp.sum(_grads(problem, x0[None], problem.y0, oracle) ** 2)) * T
     if not still > 0:  # x0 is stationary: nothing to settle
         return lambda lr: 0.0
-
+    segment = np.searchsorted(np.asarray(rounds), np.arange(1, T + 1), side="right") - 1
+    decay = steps / steps[np.asarray(rounds)[segment] - 1]
     # a dense inner solve per point costs up to y's size cubed: every k-th round stands for k
     every = 1 if oracle == "closed form" else max(1, -(-T // DENSE_POINTS))
 
     def predict(lr: float) -> float:
-        s, xs = start, np.empty((T, int(x_rows.sum())))
+        s, xs = maps[0][4], np.empty((T, int(x_rows.sum())))
         for t in range(T):
             xs[t] = s[x_rows]
+            a, d, after_a, after_d, start = maps[segment[t]]
             gamma = lr * decay[t]
             s = after_a + gamma * after_d + (a + gamma * d) @ (s - start)
         points = jnp.asarray(xs[::every]).reshape((-1, *x0.shape))
-        g = np.asarray(_grads(problem, points, problem.y0, oracle, r))
+        g = np.asarray(_grads(problem, points, problem.y0, oracle))
         return float(np.mean(np.sum(g.reshape(len(points), -1) ** 2, axis=1)) * T / still)
 
     return predict
@@ -150,10 +153,10 @@ def _steps(solver, rounds: jax.Array) -> jax.Array:
     return jax.vmap(solver.outer_lr)(rounds)
 
 
-@functools.partial(jax.jit, static_argnames=("oracle", "r"))
-def _grads(problem, xs: jax.Array, y0, oracle: str, r: int) -> jax.Array:
-    """grad F_r at each row of ``xs`` by the regret's ``oracle``."""
-    return jax.vmap(lambda x: _regret.hypergradient(problem, oracle, r, x, y0, 0))(xs)
+@functools.partial(jax.jit, static_argnames=("oracle",))
+def _grads(problem, xs: jax.Array, y0, oracle: str) -> jax.Array:
+    """grad F_1 at each row of ``xs`` by the regret's ``oracle`` (the drift is not predicted)."""
+    return jax.vmap(lambda x: _regret.hypergradient(problem, oracle, 1, x, y0, 0))(xs)
 
 
 def _x_rows(state) -> np.ndarray:
