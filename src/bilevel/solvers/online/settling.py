@@ -54,10 +54,10 @@ TARGET = 0.1
 GRID = tuple(2.0 ** (-k / 2) for k in range(1, 21))
 #: the longest horizon predicted (each grid step plays the linearised map for every round)
 MAX_ROUNDS = 20_000
-#: the rounds at most whose grad F_r a dense inner solve gives (evenly spaced, each standing for
+#: the rounds at most whose grad F_1 a dense inner solve gives (evenly spaced, each standing for
 #: the rounds up to the next): the closed form takes every round
 DENSE_POINTS = 64
-#: the regret oracles whose grad F_r is cheap at every point of the prediction
+#: the regret oracles whose grad F_1 is cheap at every point of the prediction
 ORACLES = ("closed form", "dense inner solve")
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {key: Settling}
