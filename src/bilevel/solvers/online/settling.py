@@ -36,6 +36,7 @@ step: nothing better to offer).
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from typing import NamedTuple
 
@@ -135,14 +136,19 @@ def _predictor(problem, oracle: str, rounds, maps, x_rows: np.ndarray, steps: np
 
     def predict(lr: float) -> float:
         s, xs = maps[0][4], np.empty((T, int(x_rows.sum())))
-        for t in range(T):
-            xs[t] = s[x_rows]
-            a, d, after_a, after_d, start = maps[segment[t]]
-            gamma = lr * decay[t]
-            s = after_a + gamma * after_d + (a + gamma * d) @ (s - start)
+        with np.errstate(over="ignore", invalid="ignore"):  # a map unstable at lr runs away
+            for t in range(T):
+                xs[t] = s[x_rows]
+                a, d, after_a, after_d, start = maps[segment[t]]
+                gamma = lr * decay[t]
+                s = after_a + gamma * after_d + (a + gamma * d) @ (s - start)
+                if not np.all(np.isfinite(s)):
+                    return math.inf
         points = jnp.asarray(xs[::every]).reshape((-1, *x0.shape))
-        g = np.asarray(_grads(problem, points, problem.y0, oracle))
-        return float(np.mean(np.sum(g.reshape(len(points), -1) ** 2, axis=1)) * T / still)
+        g = np.asarray(_grads(problem, points, problem.y0, oracle), np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ratio = float(np.mean(np.sum(g.reshape(len(points), -1) ** 2, axis=1)) * T / still)
+        return ratio if math.isfinite(ratio) else math.inf
 
     return predict
 
