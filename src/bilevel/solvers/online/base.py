@@ -150,10 +150,10 @@ class OnlineSolver(Solver):
         """Refuse a numeric ``lr_outer`` above :meth:`stable_outer_step`'s bound (ValueError
         naming the bound and the fix). Skipped for a schedule, an outer optimizer other than
         "sgd" or "momentum", and a state too large for the Jacobian (no bound)."""
-        lr = self.lr_outer
-        if callable(lr) or self.outer_optimizer not in ("sgd", "momentum"):
+        lr = self._checked_step()
+        if lr is None:
             return
-        lr, bound = float(lr), self.stable_outer_step(problem)
+        bound = self.stable_outer_step(problem)
         if bound.bound is None or lr <= bound.bound:
             return
         raise ValueError(
@@ -170,15 +170,14 @@ class OnlineSolver(Solver):
         predicted to reach it (a ValueError naming them; ``bilevel.solvers.online.settling``,
         whose module docstring has the prediction). ``oracle``: the regret's oracle of grad
         F_t. Skipped where :meth:`check_outer_step` is, and where no prediction is made."""
-        lr = self.lr_outer
-        if callable(lr) or self.outer_optimizer not in ("sgd", "momentum"):
+        lr = self._checked_step()
+        if lr is None:
             return
         bound = self.stable_outer_step(problem).bound
         found = settling.settling(self, problem, oracle, bound)
         if found is None or not found.reaching:
             return
         low, high = min(found.reaching), max(found.reaching)
-        lr = float(lr)
         which = "below" if lr < low else "above" if lr > high else "not among"
         raise ValueError(
             f"{type(self).__name__}(lr_outer={lr:g}) is {which} the steps that let x settle "
@@ -189,6 +188,13 @@ class OnlineSolver(Solver):
             f"stable bound is {bound:.3g}): use lr_outer in that range or 'auto', or "
             f"check_step=False to play {lr:g} anyway."
         )
+
+    def _checked_step(self) -> float | None:
+        """``lr_outer`` as a float where the checks above apply (a number, and an update linear
+        in it: "sgd" or "momentum"), else ``None``."""
+        if callable(self.lr_outer) or self.outer_optimizer not in ("sgd", "momentum"):
+            return None
+        return float(self.lr_outer)
 
     def outer_step_hint(self) -> str:
         """What else widens the stable range of ``lr_outer``, for :meth:`check_outer_step`'s

@@ -125,10 +125,7 @@ def _predictor(problem, oracle: str, rounds, maps, x_rows: np.ndarray, steps: np
     at or before t, with the x step ``lr * steps[t - 1] / steps[r - 1]`` (``steps``: the
     method's gamma_t for its ``lr_outer``: only their ratios enter)."""
     T = problem.horizon
-    x0 = jnp.asarray(jax.tree.leaves(problem.x0)[0])
-    still = float(jnp.sum(_grads(problem, x0[None], problem.y0, oracle) ** 2)) * T
-    if not still > 0:  # x0 is stationary: nothing to settle
-        return lambda lr: 0.0
+    shape = np.shape(jax.tree.leaves(problem.x0)[0])
     segment = np.searchsorted(np.asarray(rounds), np.arange(1, T + 1), side="right") - 1
     decay = steps / steps[np.asarray(rounds)[segment] - 1]
     # a dense inner solve per point costs up to y's size cubed: every k-th round stands for k
@@ -144,10 +141,13 @@ def _predictor(problem, oracle: str, rounds, maps, x_rows: np.ndarray, steps: np
                 s = after_a + gamma * after_d + (a + gamma * d) @ (s - start)
                 if not np.all(np.isfinite(s)):
                     return math.inf
-        points = jnp.asarray(xs[::every]).reshape((-1, *x0.shape))
+        points = jnp.asarray(xs[::every]).reshape((-1, *shape))  # the first is x0
         g = np.asarray(_grads(problem, points, problem.y0, oracle), np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
-            ratio = float(np.mean(np.sum(g.reshape(len(points), -1) ** 2, axis=1)) * T / still)
+            squares = np.sum(g.reshape(len(points), -1) ** 2, axis=1)
+            if not squares[0] > 0:  # x0 is stationary: nothing to settle
+                return 0.0
+            ratio = float(np.mean(squares) / squares[0])
         return ratio if math.isfinite(ratio) else math.inf
 
     return predict
