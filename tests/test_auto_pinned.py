@@ -112,7 +112,7 @@ OFFLINE_RULES = {
     "f2sa": {"lr_inner": 1 / L_G},
     "f3sa": {"lr_inner": 0.5 / L_G},  # auto_inner_factor = 0.5
     # L_g alone, not PZOBO's max(L_f, L_g); N starts at 20 ("auto": it follows the step)
-    "hozog": {"lr_inner": 1 / L_G, "inner_steps": 20},
+    "hozog": {"lr_inner": 1 / L_G, "inner_steps": 20, "num_directions": 3},  # p + 1, p = 2
     "ibcg": {
         "lr_outer": LastIterateGamma(1 / math.sqrt(K), K),  # gamma_rule="last-iterate"
         "lr_inner": 2 / (MU_G + L_G),  # Lemma B.1
@@ -120,8 +120,12 @@ OFFLINE_RULES = {
     },
     "itd": {"lr_inner": 1 / L_G, "inner_steps": 20},
     # Theorem 1: alpha <= 1/L, L = max(L_f, L_g); N = 20 to start (Appendix B.2)
-    "pzobo": {"lr_inner": 1 / max(L_F, L_G), "inner_steps": 20},
-    "pzobo-s": {"lr_inner": 2 / (max(L_F, L_G) + MU_G), "inner_steps": 20},  # Theorem 2
+    "pzobo": {"lr_inner": 1 / max(L_F, L_G), "inner_steps": 20, "num_directions": 3},
+    "pzobo-s": {  # Theorem 2's step; Q = p + 1 (auto_directions) for the p = 2 numbers of x
+        "lr_inner": 2 / (max(L_F, L_G) + MU_G),
+        "inner_steps": 20,
+        "num_directions": 3,
+    },
     "saba": {"lr_inner": 1 / L_G},
     "sbfw": {"lr_inner": 1 / L_G, "neumann_lr": 1 / L_G},  # not App. G.1's a_0 (PAPER's)
     "soba": {"lr_inner": 1 / L_G},

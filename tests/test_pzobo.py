@@ -139,7 +139,7 @@ def test_matches_numpy_replica_step_by_step(quad, case):
     opts = REPLICA_CASES[case]
     ref, N, lr_in, lr_out = quad.reference, 6, 0.15, 0.05
     solver = bl.solvers.make("pzobo", lr_outer=lr_out, lr_inner=lr_in, inner_steps=N, **opts)
-    Q, mu = solver.num_directions, solver.smoothing
+    Q, mu = solver.with_directions(quad).num_directions, solver.smoothing
     state = solver.init(quad, jax.random.PRNGKey(3))
     step = jax.jit(solver.step)
     x, y, m, v = np.zeros(10), np.zeros(50), np.zeros(10), np.zeros(10)
@@ -464,19 +464,20 @@ def test_no_inner_path_is_stored(quad):
 def test_deterministic_quadratic_converges_to_the_predicted_error(quad):
     """Done-means: ||x_K - x*|| <= 1e-2 ||x_0 - x*|| (x_0 = 0), mean over seeds 0..4.
 
-    The bias and variance of PZOBO here, with defaults (N = 20, Q = 1, mu = 0.01, Gaussian u)
-    and lr_inner = 0.18: smoothing bias 0 (affine path); finite-N bias ||x*_N - x*|| = 0.4% of
-    ||x*||; direction variance (p + 1) ||a||^2 with a = J_N^T grad_y f != 0 at x*, which no
-    constant step removes (floor 28% of ||x*|| at lr_outer = 0.05). A Robbins-Monro step
-    beta_k = 0.4 / (k + 4) drives it down like 1/sqrt(k): the exact recursion predicts an RMS of
-    0.78% at K = 20000 (and 1.04% at 10000), and the run must match it (factor 0.6-1.5: five
-    seeds estimate an RMS to about +-25%)."""
-    ref, K = quad.reference, 20_000
+    The bias and variance of PZOBO here, with defaults (N = 20, Q = "auto" = p + 1 = 11,
+    mu = 0.01, Gaussian u) and lr_inner = 0.18: smoothing bias 0 (affine path); finite-N bias
+    ||x*_N - x*|| = 0.4% of ||x*||; direction variance (p + 1) ||a||^2 / Q with
+    a = J_N^T grad_y f != 0 at x*, which no constant step removes. A Robbins-Monro step
+    beta_k = 0.4 / (k + 4) drives it down like 1/sqrt(k): the exact recursion predicts an RMS
+    (bias included) of 0.45% at K = 10000 (with Q = 1: 1.04%), and the run must match it
+    (factor 0.6-1.5: five seeds estimate an RMS to about +-25%)."""
+    ref, K = quad.reference, 10_000
     sched = inverse_power(0.1, 1.0, 4.0)
     solver = bl.solvers.make("pzobo", lr_outer=sched, lr_inner=0.18)
     res = bl.solve(quad, solver, steps=K, eval_every=K, seeds=range(5), progress=False)
     err = res.history[res.history.step == K].x_err.to_numpy() / np.linalg.norm(ref.x_star)
-    predicted = np.sqrt(expected_sq_error(ref, 0.18, 20, [sched(k) for k in range(K)]))
+    Q = solver.with_directions(quad).num_directions  # "auto": p + 1 = 11
+    predicted = np.sqrt(expected_sq_error(ref, 0.18, 20, [sched(k) for k in range(K)], Q=Q))
     predicted /= np.linalg.norm(ref.x_star)
     print(f"PZOBO x_err/||x*|| at K={K}: mean {err.mean():.2e}, predicted RMS {predicted:.2e}")
     assert predicted < 1e-2
@@ -493,7 +494,8 @@ def test_constant_step_floor_matches_the_closed_form(quad):
     res = bl.solve(quad, solver, steps=1200, eval_every=20, seeds=range(8), progress=False)
     h = res.history[res.history.step >= 300]
     per_seed = (h.x_err**2).groupby(h.seed).mean().to_numpy()
-    predicted = expected_sq_error(ref, 0.18, 20, [beta] * 3000)
+    Q = solver.with_directions(quad).num_directions  # "auto": p + 1 = 11
+    predicted = expected_sq_error(ref, 0.18, 20, [beta] * 3000, Q=Q)
     se = per_seed.std(ddof=1) / np.sqrt(len(per_seed))
     print(f"floor: measured {per_seed.mean():.4f} +- {se:.4f}, predicted {predicted:.4f}")
     assert abs(per_seed.mean() - predicted) < 4 * se

@@ -105,6 +105,7 @@ def e3_methods(
             inner_optimizer="adam",
             warm_start=True,
             smoothing=PAPER_PROTOCOL["PZOBO-S smoothing mu"],
+            num_directions=PAPER_PROTOCOL["PZOBO-S directions Q"],
             directions="sphere_unscaled_per_tensor",
         )
 

@@ -60,7 +60,9 @@ class HOZOG(PathDifferenceSolver):
 
     Hyperparameters: the same as :class:`~bilevel.solvers.zeroth_order.pzobo.PZOBO` (defaults:
     lr_outer "auto", tuned by ``bl.solve``; lr_inner "auto" = 1/L_g; full batches, N = 20,
-    Q = 1, mu = 0.01 as in the PZOBO paper's Appendix B.2 for HOZOG, Gaussian directions, plain
+    ``num_directions="auto"`` (Q = p + 1 for an x of p <= 15 numbers, else 1:
+    :func:`~bilevel.solvers.zeroth_order.pzobo.auto_directions`; the PZOBO paper's Appendix B.2
+    runs HOZOG with Q = 1), mu = 0.01 as there, Gaussian directions, plain
     GD inside and outside, warm start on, as PZOBO's).
 
     References:

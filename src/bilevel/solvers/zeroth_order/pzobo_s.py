@@ -63,8 +63,9 @@ class PZOBOS(PZOBO):
 
     def resolve(self, problem: BilevelProblem) -> PZOBOS:
         """``lr_inner="auto"`` = 2/(L + mu_g), L = max(L_f, L_g) (Theorem 2), half of it when
-        the run draws minibatches (:func:`bilevel.solvers.common.fastest_contraction_step`)."""
-        solver = self.with_counts()
+        the run draws minibatches (:func:`bilevel.solvers.common.fastest_contraction_step`);
+        ``num_directions="auto"`` (:meth:`with_directions`)."""
+        solver = self.with_directions(problem).with_counts()
         if not _is_auto(solver.lr_inner):
             return solver
         L, d = auto_smoothness(problem, self.curvature_batch(problem)), diagnose(problem)
