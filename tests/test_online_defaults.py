@@ -246,6 +246,41 @@ def test_the_settling_prediction_is_the_played_regret_on_a_still_quadratic():
     np.testing.assert_allclose(predicted.ratio, played.regret[-1] / standing_still(stream), 1e-8)
 
 
+def test_the_settling_prediction_follows_the_drift():
+    """With drift every round of a quadratic stream is an affine map with the same Jacobian
+    (SOGD's step is constant) and its own offset, which the prediction takes from each round
+    (``auto.round_offsets``) and judges by that round's F_t: SOGD's own regret ratio up to
+    rounding. Taking round 1's offset or F_1 for every round is off by far more."""
+    from bilevel.solvers.online import settling
+
+    stream = bl.problems.drifting_quadratic(
+        dx=3, dy=4, horizon=120, cond=3.0, drift_inner=0.05, drift_outer=0.05, seed=2
+    )
+    solver = bl.solvers.make("sogd", lr_outer=0.05).with_horizon(120).resolve(stream)
+    predicted = settling.settling(solver, stream, "closed form", None)
+    played = bl.solve_online(stream, solver, progress=False, check_step=False)
+    np.testing.assert_allclose(predicted.ratio, played.regret[-1] / standing_still(stream), 1e-8)
+
+
+def test_auto_takes_the_step_predicted_to_settle_when_the_first_rounds_favour_one_too_small():
+    """On this stream the inner iterate starts far from y*, so on the first 40 rounds the
+    smallest step scores best for F2OBO-SL; the whole horizon's prediction replaces it by the
+    kept candidate predicted lowest (drivers/online.py, point 5), and the run ends where
+    predicted (0.83 of standing still with the first rounds' choice, measured 2026-11-29)."""
+    stream = bl.problems.drifting_quadratic(
+        dx=8, dy=12, horizon=400, cond=20.0, drift_inner=0.02, drift_outer=0.02, seed=3
+    )
+    res = bl.solve_online(stream, bl.solvers.make("f2obo-sl"), progress=False)
+    tuning = res.tuning
+    kept = [i for i, d in enumerate(tuning.dropped) if not d]
+    first_rounds = min(kept, key=lambda i: tuning.scores[i])
+    best = min(kept, key=lambda i: tuning.predicted[i])
+    assert tuning.predicted[first_rounds] > 0.1 and best != first_rounds
+    assert tuning.value == tuning.grid[best]
+    ratio = res.regret[-1] / standing_still(stream)
+    assert abs(ratio - tuning.predicted[best]) < 0.05 and ratio < tuning.predicted[first_rounds]
+
+
 def test_the_settling_prediction_by_dense_inner_solves_follows_the_closed_form(slow_stream):
     """With a dense inner solve per point the prediction takes every k-th round of the horizon
     (settling.DENSE_POINTS of them), each standing for the k rounds from it: its first, so the

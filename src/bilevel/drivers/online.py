@@ -29,6 +29,9 @@ rules of each method's theorem), then :func:`tune_outer_step` chooses the step:
 4. **Choice**: the best score among the candidates whose next larger one was kept too (a step at
    the edge of stability may diverge later), or the next larger when it scores within
    ``bilevel.drivers.tuning.NEAR`` (1.5x) of the best, as ``bl.solve``'s tuning does.
+5. **The whole horizon**: where :mod:`bilevel.solvers.online.settling` predicts the regret, a
+   choice predicted above a tenth of standing still's gives way to the kept candidate predicted
+   lowest (``OnlineTuning.predicted``): the first rounds can favour a step too small to settle.
 
 The record is a :class:`OnlineTuning` in ``res.tuning`` (the grid, scores, choice, the rounds,
 samples, oracle calls and seconds spent); the tuning's samples and oracle calls are added to
@@ -78,6 +81,7 @@ from bilevel.drivers.results import Outcome, drop_seed_axis, finish
 from bilevel.drivers.rounds import OnlineEngine, RoundEvaluation, play_first_rounds
 from bilevel.drivers.tuning import NEAR, Tuning
 from bilevel.solvers.online.base import OnlineSolver
+from bilevel.solvers.online.settling import predicted_choice
 
 PyTree = Any
 
@@ -151,12 +155,15 @@ class OnlineTuning(Tuning):
         bound: the stable bound of ``lr_outer`` (``None`` when not computed).
         scale: the step scale 1 / rho(dJ/dgamma) (1 / L_F for an exact gradient step).
         how: how the bound was obtained, in words.
+        predicted: each candidate's predicted regret over the whole horizon against standing
+            still's (point 5; ``()`` where none is made, ``inf`` for a dropped candidate).
     """
 
     seed: int = 0
     bound: float | None = None
     scale: float = math.nan
     how: str = ""
+    predicted: tuple[float, ...] = ()
 
 
 def tuning_rounds(horizon: int) -> int:
@@ -355,7 +362,10 @@ def tune_outer_step(
             f"inner steps (lr_inner={getattr(base, 'lr_inner', None)!r}) or give lr_outer as a "
             "number."
         )
-    best = _choice(scores, dropped)
+    best, predicted = _choice(scores, dropped), ()
+    if evaluation.oracle is not None:  # point 5: the whole horizon, where it can be predicted
+        chosen = dataclasses.replace(base, lr_outer=grid[best])
+        best, predicted = predicted_choice(chosen, problem, evaluation.oracle, grid, kept, best)
     return OnlineTuning(
         field="lr_outer",
         value=grid[best],
@@ -374,6 +384,7 @@ def tune_outer_step(
         bound=bound.bound,
         scale=bound.scale,
         how=bound.describe(),
+        predicted=predicted,
     )
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "unrolled_inner_steps",
     "inner_contraction",
     "affine_round_map",
+    "round_offsets",
     "float_part",
     "is_float",
 ]
@@ -167,6 +168,20 @@ def affine_round_map(solver, problem, state, t: int):
     return 2 * ones - twos, twos - ones, 2 * after_1 - after_2, after_2 - after_1, lagged
 
 
+def round_offsets(solver, problem, state, horizon: int) -> tuple[np.ndarray, np.ndarray]:
+    """The state after each round t = 1..``horizon`` of ``solver`` from ``state`` (x0, y0),
+    affine in ``lr_outer`` for an unconstrained x: ``(a, d)`` of shape (T, n), the state after
+    round t being ``a[t - 1] + gamma d[t - 1]`` (float64, in the lag frame of a window). The
+    constant parts of the rounds' maps: where the stream drifts, round t's own target, which
+    :func:`affine_round_map` of one round cannot give for the others."""
+    rounds = jnp.arange(1, horizon + 1, dtype=state.t.dtype)
+    after_1, after_2 = (
+        np.asarray(_AFTER_ROUNDS(_with_lr(solver, lr), state, problem, rounds), np.float64)
+        for lr in (1.0, 2.0)
+    )
+    return 2 * after_1 - after_2, after_2 - after_1
+
+
 def float_part(state) -> jax.Array:
     """The float entries of ``state``, flat (the iterates a round maps)."""
     return _float_part(state)[0]
@@ -259,6 +274,16 @@ def _advance_twice(flat, solver, state, problem):
     after = _advance(flat, solver, state, problem)
     return after, after
 
+
+def _after_round(solver, state, problem, t):
+    """The float part of the state after round ``t`` of ``solver`` from ``state``'s iterates,
+    by lag (:func:`_advance` at round ``t``)."""
+    start = state._replace(t=t)
+    return _advance(_float_part(_by_lag(start, t, to_ring=False))[0], solver, start, problem)
+
+
+#: ``after(solver, state, problem, rounds) -> (T, n)``: :func:`_after_round` for every round
+_AFTER_ROUNDS = jax.jit(jax.vmap(_after_round, in_axes=(None, None, None, 0)))
 
 #: ``jac(flat, solver, state, problem) -> (Jacobian, value)``: the Jacobian of a round in the
 #: float part of the state and the state after it, by forward mode or (for a round that holds a
