@@ -266,11 +266,14 @@ def test_auto_takes_the_step_predicted_to_settle_when_the_first_rounds_favour_on
     """On this stream the inner iterate starts far from y*, so on the first 40 rounds the
     smallest step scores best for F2OBO-SL; the whole horizon's prediction replaces it by the
     kept candidate predicted lowest (drivers/online.py, point 5), and the run ends where
-    predicted (0.83 of standing still with the first rounds' choice, measured 2026-11-29)."""
+    predicted (0.83 of standing still with the first rounds' choice, measured 2026-11-29).
+    No step reaches a tenth here (its step decays like t^-tau), which a SettlingWarning says,
+    naming tau."""
     stream = bl.problems.drifting_quadratic(
         dx=8, dy=12, horizon=400, cond=20.0, drift_inner=0.02, drift_outer=0.02, seed=3
     )
-    res = bl.solve_online(stream, bl.solvers.make("f2obo-sl"), progress=False)
+    with pytest.warns(bl.SettlingWarning, match=r"the lowest, 0.5.*Try a smaller tau"):
+        res = bl.solve_online(stream, bl.solvers.make("f2obo-sl"), progress=False)
     tuning = res.tuning
     kept = [i for i, d in enumerate(tuning.dropped) if not d]
     first_rounds = min(kept, key=lambda i: tuning.scores[i])

@@ -30,6 +30,7 @@ from bilevel.drivers.results import DivergenceError, DivergenceWarning, Interrup
 from bilevel.drivers.solve import solve
 from bilevel.drivers.sweep import sweep
 from bilevel.drivers.tuning import Tuning, TuningError, tune
+from bilevel.solvers.online.settling import SettlingWarning
 
 # The public modules keep their import paths (``import bilevel.sets``, ``from bilevel.metrics
 # import hypergradient``): they live in their layers (core/, analysis/) and are published here.
@@ -79,4 +80,5 @@ __all__ = [
     "diagnose",
     "Diagnosis",
     "NotStronglyConvexWarning",
+    "SettlingWarning",
 ]

@@ -201,6 +201,14 @@ class OnlineSolver(Solver):
         message (e.g. more inner steps); empty by default."""
         return ""
 
+    def settling_hint(self) -> str:
+        """What else to change when no ``lr_outer`` is predicted to settle within the horizon
+        (``bilevel.solvers.online.settling.SettlingWarning``)."""
+        return (
+            "more inner steps or a larger inner step where the method takes them (an inner "
+            "iterate that lags y*_t holds x back), or a longer horizon"
+        )
+
     def check_problem(self, problem) -> None:
         """Refuse anything but a :class:`bilevel.OnlineProblem` this solver can play (a problem
         says its kind by its ``kind`` attribute)."""

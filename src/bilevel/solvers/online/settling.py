@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 import weakref
 from typing import NamedTuple
 
@@ -55,7 +56,7 @@ import numpy as np
 from bilevel.analysis import regret as _regret
 from bilevel.solvers.online import auto
 
-__all__ = ["TARGET", "Settling", "settling", "predicted_choice"]
+__all__ = ["TARGET", "Settling", "SettlingWarning", "settling", "predicted_choice"]
 
 #: the regret, over that of standing still at x0, a numeric step must be predicted to reach
 TARGET = 0.1
@@ -73,6 +74,12 @@ DENSE_POINTS = 64
 ORACLES = ("closed form", "dense inner solve")
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {key: Settling}
+
+
+class SettlingWarning(UserWarning):
+    """``lr_outer="auto"`` found no step predicted to bring the regret within :data:`TARGET`
+    of standing still's over the horizon (:func:`predicted_choice`): the message says what else
+    to change."""
 
 
 class Settling(NamedTuple):
@@ -128,7 +135,18 @@ def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int):
     ratios = tuple(predict(float(g)) if i in kept else math.inf for i, g in enumerate(grid))
     best = min(kept, key=lambda i: ratios[i])
     keep = ratios[chosen] <= min(TARGET, NEAR * ratios[best])
-    return (chosen if keep else best), ratios
+    choice = chosen if keep else best
+    if ratios[best] > TARGET:
+        warnings.warn(
+            f"{solver.name}: no lr_outer below the stable bound is predicted to bring the regret "
+            f"within {TARGET:g} of standing still at x0 over the {problem.horizon} rounds of "
+            f"{problem.name} (the lowest, {ratios[best]:.2g}, with lr_outer={grid[best]:.3g}; "
+            f"playing {grid[choice]:.3g}, predicted {ratios[choice]:.2g}): the outer step is not "
+            f"what holds it back. Try {solver.settling_hint()}.",
+            SettlingWarning,
+            stacklevel=2,
+        )
+    return choice, ratios
 
 
 def _prediction(solver, problem, oracle: str):
