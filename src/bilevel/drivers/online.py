@@ -30,8 +30,8 @@ rules of each method's theorem), then :func:`tune_outer_step` chooses the step:
    the edge of stability may diverge later), or the next larger when it scores within
    ``bilevel.drivers.tuning.NEAR`` (1.5x) of the best, as ``bl.solve``'s tuning does.
 5. **The whole horizon**: where :mod:`bilevel.solvers.online.settling` predicts the regret, a
-   choice predicted above a tenth of standing still's gives way to the kept candidate predicted
-   lowest (``OnlineTuning.predicted``): the first rounds can favour a step too small to settle.
+   choice predicted above a tenth of standing still's, or 1.5x the lowest, gives way to the one
+   predicted lowest (``OnlineTuning.predicted``): the first rounds can favour too small a step.
 
 The record is a :class:`OnlineTuning` in ``res.tuning`` (the grid, scores, choice, the rounds,
 samples, oracle calls and seconds spent); the tuning's samples and oracle calls are added to

@@ -123,17 +123,20 @@ def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int):
     prediction is made (ratios ``()``), or where its predicted ratio is at most
     :data:`TARGET` and within :data:`NEAR` of the lowest of ``kept``'s (it was measured, the
     prediction is a linearisation); otherwise the candidate of ``kept`` predicted lowest
-    replaces it. The first rounds can favour a step
-    too small to settle: on a stream whose inner iterate starts far from y*, moving x early
-    only adds regret (F2OBO-SL on ``drifting_quadratic(dx=8, dy=12, cond=20, drift 0.02,
-    seed=3)``: 0.0156 scored best on the first 40 rounds and ended at 0.83 of standing still,
-    as predicted; 1.99, predicted lowest at 0.51, ended at 0.48)."""
+    replaces it. The first rounds can favour a step too small to settle: on a stream whose
+    inner iterate starts far from y*, moving x early only adds regret (F2OBO-SL on
+    ``drifting_quadratic(dx=8, dy=12, cond=20, drift 0.02, seed=3)``: 0.0156 scored best on the
+    first 40 rounds and ended at 0.83 of standing still, as predicted; 1.99, predicted lowest
+    at 0.51, ended at 0.48). Where even the lowest is above :data:`TARGET`, a
+    :class:`SettlingWarning` says so (and what else to change: ``solver.settling_hint()``)."""
     found = _prediction(solver, problem, oracle)
     if found is None:
         return chosen, ()
     predict = found[0]
     ratios = tuple(predict(float(g)) if i in kept else math.inf for i, g in enumerate(grid))
     best = min(kept, key=lambda i: ratios[i])
+    if not math.isfinite(ratios[best]):  # every linearised map runs away: nothing to judge by
+        return chosen, ratios
     keep = ratios[chosen] <= min(TARGET, NEAR * ratios[best])
     choice = chosen if keep else best
     if ratios[best] > TARGET:
