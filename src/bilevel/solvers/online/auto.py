@@ -123,7 +123,7 @@ def _compute(solver, problem) -> StepBound:
 
     def at(t: int, lr: float) -> np.ndarray:  # round t's Jacobian at (x0, y0), by lag
         start = state._replace(t=jnp.asarray(t, state.t.dtype))
-        return _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)[0]))
+        return _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
 
     pairs = {t: (at(t, 1.0), at(t, 2.0)) for t in rounds}
     _check_finite(solver, pairs)
@@ -150,22 +150,20 @@ def _compute(solver, problem) -> StepBound:
 
 def affine_round_map(solver, problem, state, t: int):
     """Round ``t``'s map of ``solver`` at ``state`` (x0, y0), affine in ``lr_outer`` for an
-    unconstrained x: ``(A, D, a, d, s)`` with the Jacobian ``A + gamma D``, the state after the
-    round ``a + gamma d`` and the float part ``s`` of ``state`` (float64 numpy), all in the lag
-    frame of a window (:func:`_by_lag`); ``None`` for a state of more than
-    :data:`MAX_JACOBIAN_ENTRIES` floats. Used by :mod:`bilevel.solvers.online.settling`."""
+    unconstrained x: ``(A, D, s)`` with the Jacobian ``A + gamma D`` and the float part ``s``
+    of ``state`` (float64 numpy), in the lag frame of a window (:func:`_by_lag`); ``None`` for a
+    state of more than :data:`MAX_JACOBIAN_ENTRIES` floats. The state after each round is
+    :func:`round_offsets`'. Used by :mod:`bilevel.solvers.online.settling`."""
     start = state._replace(t=jnp.asarray(t, state.t.dtype))
     flat = _float_part(_by_lag(start, start.t, to_ring=False))[0]
     if flat.size > MAX_JACOBIAN_ENTRIES or flat.size == 0:
         return None
     jac = _JACOBIANS[bool(solver.linearise_by_differences)]
-    (ones, after_1), (twos, after_2) = (
-        jac(flat, _with_lr(solver, lr), start, problem) for lr in (1.0, 2.0)
+    ones, twos = (
+        _unread_rows_zeroed(np.asarray(jac(flat, _with_lr(solver, lr), start, problem)))
+        for lr in (1.0, 2.0)
     )
-    ones, twos = _unread_rows_zeroed(np.asarray(ones)), _unread_rows_zeroed(np.asarray(twos))
-    after_1, after_2 = np.asarray(after_1, np.float64), np.asarray(after_2, np.float64)
-    lagged = np.asarray(flat, np.float64)
-    return 2 * ones - twos, twos - ones, 2 * after_1 - after_2, after_2 - after_1, lagged
+    return 2 * ones - twos, twos - ones, np.asarray(flat, np.float64)
 
 
 def round_offsets(solver, problem, state, horizon: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +171,7 @@ def round_offsets(solver, problem, state, horizon: int) -> tuple[np.ndarray, np.
     affine in ``lr_outer`` for an unconstrained x: ``(a, d)`` of shape (T, n), the state after
     round t being ``a[t - 1] + gamma d[t - 1]`` (float64, in the lag frame of a window). The
     constant parts of the rounds' maps: where the stream drifts, round t's own target, which
-    :func:`affine_round_map` of one round cannot give for the others."""
+    the Jacobians of :func:`affine_round_map` do not carry."""
     rounds = jnp.arange(1, horizon + 1, dtype=state.t.dtype)
     after_1, after_2 = (
         np.asarray(_AFTER_ROUNDS(_with_lr(solver, lr), state, problem, rounds), np.float64)
@@ -261,18 +259,12 @@ def _advance(flat, solver, state, problem):
 
 def _by_differences(flat, solver, state, problem):
     """:func:`_advance`'s Jacobian by central differences (exact for an affine round map up to
-    rounding), and its value at ``flat``."""
+    rounding)."""
     eps = 1e-3 * jnp.maximum(1.0, jnp.abs(flat))
     steps = jnp.diag(eps)
     plus = jax.vmap(lambda e: _advance(flat + e, solver, state, problem))(steps)
     minus = jax.vmap(lambda e: _advance(flat - e, solver, state, problem))(steps)
-    return ((plus - minus) / (2 * eps)[:, None]).T, _advance(flat, solver, state, problem)
-
-
-def _advance_twice(flat, solver, state, problem):
-    """:func:`_advance` as ``(value, value)``: forward mode's Jacobian with the value as aux."""
-    after = _advance(flat, solver, state, problem)
-    return after, after
+    return ((plus - minus) / (2 * eps)[:, None]).T
 
 
 def _after_round(solver, state, problem, t):
@@ -285,16 +277,13 @@ def _after_round(solver, state, problem, t):
 #: ``after(solver, state, problem, rounds) -> (T, n)``: :func:`_after_round` for every round
 _AFTER_ROUNDS = jax.jit(jax.vmap(_after_round, in_axes=(None, None, None, 0)))
 
-#: ``jac(flat, solver, state, problem) -> (Jacobian, value)``: the Jacobian of a round in the
-#: float part of the state and the state after it, by forward mode or (for a round that holds a
-#: value constant with ``stop_gradient``, which forward mode reads as no dependence: OBBO's ITD
-#: warm start) by central differences. The solver's float hyperparameters are leaves and ``t``
-#: an argument: solvers that differ only in those share one compilation per problem, and the
-#: stable bound and the settling prediction share it too.
-_JACOBIANS = {
-    False: jax.jit(jax.jacfwd(_advance_twice, has_aux=True)),
-    True: jax.jit(_by_differences),
-}
+#: ``jac(flat, solver, state, problem)``: the Jacobian of a round in the float part of the
+#: state, by forward mode or (for a round that holds a value constant with ``stop_gradient``,
+#: which forward mode reads as no dependence: OBBO's ITD warm start) by central differences.
+#: The solver's float hyperparameters are leaves and ``t`` an argument: solvers that differ
+#: only in those share one compilation per problem, and the stable bound and the settling
+#: prediction share it too.
+_JACOBIANS = {False: jax.jit(jax.jacfwd(_advance)), True: jax.jit(_by_differences)}
 
 
 def _count_unstable(matrix: np.ndarray) -> int:

@@ -201,18 +201,18 @@ def _predictor(problem, oracle: str, rounds, maps, offsets, x_rows: np.ndarray, 
     # a dense inner solve per point costs up to y's size cubed: every k-th round stands for k
     every = 1 if oracle == "closed form" else max(1, -(-T // DENSE_POINTS))
     ts = jnp.arange(1, T + 1)[::every]
-    x0 = jnp.broadcast_to(maps[0][4][x_rows], (len(ts), int(x_rows.sum())))
+    x0 = jnp.broadcast_to(maps[0][2][x_rows], (len(ts), int(x_rows.sum())))
     still = _squares(problem, x0, ts, oracle, shape)
     if not np.sum(still) > 0:  # x0 is stationary on every round: nothing to settle
         return lambda lr: 0.0
     after_a, after_d = offsets
 
     def predict(lr: float) -> float:
-        s, xs = maps[0][4], np.empty((T, int(x_rows.sum())))
+        s, xs = maps[0][2], np.empty((T, int(x_rows.sum())))
         with np.errstate(over="ignore", invalid="ignore"):  # a map unstable at lr runs away
             for t in range(T):
                 xs[t] = s[x_rows]
-                a, d, _, _, start = maps[segment[t]]
+                a, d, start = maps[segment[t]]
                 gamma = lr * decay[t]
                 s = after_a[t] + gamma * after_d[t] + (a + gamma * d) @ (s - start)
                 if not np.all(np.isfinite(s)):
