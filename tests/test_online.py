@@ -88,11 +88,12 @@ def test_f2obo_rounds_match_a_numpy_replica(constrained):
 
 
 def test_f2obo_sl_matches_the_replica_with_decaying_gamma():
-    """F2OBO-SL: K = 1, its default tau = 1/4, gamma_t = gamma_1 t^-tau (Theorem 3.2);
-    lr_lagrangian given, so beta_t = lr_lagrangian / lam_t. Same tolerance as above."""
+    """F2OBO-SL: K = 1, tau = 1/4 (the bound's best; the default is 0.1), gamma_t = gamma_1
+    t^-tau (Theorem 3.2); lr_lagrangian given, so beta_t = lr_lagrangian / lam_t. Same
+    tolerance as above."""
     problem = _quad(drift_inner=0.3, drift_outer=0.3)
-    solver = bl.solvers.make("f2obo-sl", lr_outer=0.2, lr_inner=0.3, lr_lagrangian=0.1)
-    assert solver.tau == 1 / 4
+    assert bl.solvers.make("f2obo-sl").tau == 0.1
+    solver = bl.solvers.make("f2obo-sl", lr_outer=0.2, lr_inner=0.3, lr_lagrangian=0.1, tau=0.25)
     want = _replica(
         problem.reference,
         problem.x0,

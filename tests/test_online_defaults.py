@@ -10,12 +10,12 @@ standing still) and 0.3 exceeds 2 / L_F, so both ends of [0.01, 0.3] are meaning
 streams of tests/online_settings_*.py (mu_F ~ 0.19) no method can reach 0.1 with a step of
 0.01 in 400 rounds: exact gradient descent on F_t itself ends at 0.29 there.
 
-Measured 2026-11-26 (float64, seed 0) on this stream, ratio to standing still at default /
-0.01 / 0.3: af2obo 0.0053 / 0.015 / refused, aobo 0.0030 / 0.013 / refused, f2obo 0.0027 /
-0.015 / refused, f2obo-sl 0.0040 / 0.018 / refused (its tau = 1/4, 2026-11-29), fsobo 0.0042 /
-0.020 / 0.0042, oagd 0.0043 / 0.017 / refused, obbo 0.0025 / 0.013 / refused, sf2obo 0.0036 /
-0.016 / refused, sobbo 0.017 / 0.021 / refused, sobow 0.023 / 0.025 / refused, sogd 0.0042 /
-0.020 / 0.0042.
+Measured 2026-11-26 (float64, seed 0) on this stream, ratio to standing still at default / 0.01
+/ 0.3: af2obo 0.0053 / 0.015 / refused, aobo 0.0030 / 0.013 / refused, f2obo 0.0027 / 0.015 /
+refused, f2obo-sl 0.0040 / 0.018 / refused (tau = 1/4; 0.004 / 0.016 / refused with its default
+0.1, 2026-11-29), fsobo 0.0042 / 0.020 / 0.0042, oagd 0.0043 / 0.017 / refused, obbo 0.0025 /
+0.013 / refused, sf2obo 0.0036 / 0.016 / refused, sobbo 0.017 / 0.021 / refused, sobow 0.023 /
+0.025 / refused, sogd 0.0042 / 0.020 / 0.0042.
 """
 
 import dataclasses
@@ -262,26 +262,55 @@ def test_the_settling_prediction_follows_the_drift():
     np.testing.assert_allclose(predicted.ratio, played.regret[-1] / standing_still(stream), 1e-8)
 
 
-def test_auto_takes_the_step_predicted_to_settle_when_the_first_rounds_favour_one_too_small():
-    """On this stream the inner iterate starts far from y*, so on the first 40 rounds the
-    smallest step scores best for F2OBO-SL; the whole horizon's prediction replaces it by the
-    kept candidate predicted lowest (drivers/online.py, point 5), and the run ends where
-    predicted (0.83 of standing still with the first rounds' choice, measured 2026-11-29).
-    No step reaches a tenth here (its step decays like t^-tau), which a SettlingWarning says,
-    naming tau."""
-    stream = bl.problems.drifting_quadratic(
+@pytest.fixture(scope="module")
+def lagging_stream():
+    """A stream on which no step below the stable bound settles for F2OBO-SL (its step decays
+    like t^-tau) or the single-step baselines (their inner iterates lag y*_t): cond 20."""
+    return bl.problems.drifting_quadratic(
         dx=8, dy=12, horizon=400, cond=20.0, drift_inner=0.02, drift_outer=0.02, seed=3
     )
+
+
+def test_auto_takes_the_step_predicted_to_settle_when_the_first_rounds_favour_one_too_small(
+    lagging_stream,
+):
+    """On this stream the inner iterate starts far from y*, so on the first 40 rounds the
+    smallest step scores best for F2OBO-SL with tau = 1/4; the whole horizon's prediction
+    replaces it by the kept candidate predicted lowest (drivers/online.py, point 5), and the
+    run ends where predicted (0.83 of standing still with the first rounds' choice, measured
+    2026-11-29). No step reaches a tenth here, so "auto" is refused, naming tau; with
+    ``check_step=False`` a SettlingWarning says so and the choice is played."""
+    solver = bl.solvers.make("f2obo-sl", tau=0.25)
+    with pytest.raises(ValueError, match=r"the lowest, 0.5.*Try a smaller tau.*check_step=False"):
+        bl.solve_online(lagging_stream, solver, progress=False)
     with pytest.warns(bl.SettlingWarning, match=r"the lowest, 0.5.*Try a smaller tau"):
-        res = bl.solve_online(stream, bl.solvers.make("f2obo-sl"), progress=False)
+        res = bl.solve_online(lagging_stream, solver, progress=False, check_step=False)
     tuning = res.tuning
     kept = [i for i, d in enumerate(tuning.dropped) if not d]
     first_rounds = min(kept, key=lambda i: tuning.scores[i])
     best = min(kept, key=lambda i: tuning.predicted[i])
     assert tuning.predicted[first_rounds] > 0.1 and best != first_rounds
     assert tuning.value == tuning.grid[best]
-    ratio = res.regret[-1] / standing_still(stream)
+    ratio = res.regret[-1] / standing_still(lagging_stream)
     assert abs(ratio - tuning.predicted[best]) < 0.05 and ratio < tuning.predicted[first_rounds]
+
+
+def test_a_step_is_refused_where_no_step_settles_naming_what_else_to_change(lagging_stream):
+    """FSOBO takes one inner step a round, which lags y*_t on this stream: no step below the
+    bound is predicted to reach a tenth of standing still (the lowest 0.12, played 0.122 by
+    "auto" before this check), so 0.1 (played 0.158) is refused with the inner steps named
+    rather than played; ``check_step=False`` plays it, and it ends where predicted."""
+    from bilevel.solvers.online import settling
+
+    solver = bl.solvers.make("fsobo", lr_outer=0.1)
+    refusal = r"no lr_outer.*the lowest, 0.1\d.*several inner steps.*fsobo takes one"
+    with pytest.raises(ValueError, match=refusal):
+        bl.solve_online(lagging_stream, solver, progress=False)
+    res = bl.solve_online(lagging_stream, solver, progress=False, check_step=False)
+    resolved = res.solver
+    found = settling.settling(resolved, lagging_stream, "closed form", None)
+    ratio = res.regret[-1] / standing_still(lagging_stream)
+    assert ratio > 0.1 and abs(found.ratio - ratio) < 0.02
 
 
 def test_the_settling_prediction_by_dense_inner_solves_follows_the_closed_form(slow_stream):

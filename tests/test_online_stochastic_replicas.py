@@ -269,11 +269,11 @@ PENALTY_CASES = {
         BATCH,
         lambda t: (2, 3, None, 5 * t**0.7, 0.2, 0.1 / (5 * t**0.7), 0.2),
     ),
-    # Theorem 3.2: K = 1, lam_t = 5 t^(1/4) (the default tau = 1/4), beta_t = lr_lagrangian /
-    # lam_t, gamma_t decays
+    # Theorem 3.2: K = 1, lam_t = 5 t^(1/4) (tau = 1/4 given; the default is 0.1), beta_t =
+    # lr_lagrangian / lam_t, gamma_t decays
     "f2obo-sl": (
         lambda: bl.solvers.make(
-            "f2obo-sl", lr_outer=0.2, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH
+            "f2obo-sl", lr_outer=0.2, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH, tau=0.25
         ),
         RADIUS,
         BATCH,
@@ -569,10 +569,10 @@ def test_sogd_rounds(direction):
 
 # ---- the regret with a decaying gamma_t on a constrained stream ---------------------------------
 REGRET_CASES = {
-    # Theorem 3.2: gamma_t = gamma_1 t^-tau, tau = 1/4 (F2OBO-SL's default)
+    # Theorem 3.2: gamma_t = gamma_1 t^-tau, tau = 1/4 given
     "f2obo-sl": (
         lambda: bl.solvers.make(
-            "f2obo-sl", lr_outer=0.3, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH
+            "f2obo-sl", lr_outer=0.3, lr_inner=0.2, lr_lagrangian=0.1, batch_size=BATCH, tau=0.25
         ),
         lambda t: 0.3 * t ** (-1 / 4),
     ),

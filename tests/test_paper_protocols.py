@@ -377,6 +377,7 @@ def test_f2sa_hypercleaning_paper_protocol_values_and_methods():
             "corruption": "F2SA paper, Sec. 5, Fig. 2",
             "stocBiO Neumann degree": "F2SA paper, Sec. 5, footnote 2",
             "F2SA shared x-sample": "F2SA paper, App. C",
+            "F2SA shared inner sample": "F2SA paper, Algorithm 1",
             "F2SA regime": "F2SA paper, Cor. 4.2",
             "grid": OURS,
             "steps": OURS,
@@ -394,6 +395,7 @@ def test_f2sa_hypercleaning_paper_protocol_values_and_methods():
     options = hc.method_options(hc.FULL)
     assert options["stocbio"] == {"neumann_steps": 5}
     assert options["f2sa"]["shared_x_sample"] is True
+    assert options["f2sa"]["shared_inner_sample"] is False  # Algorithm 1's draws
     assert options["f2sa"]["regime"] == "stochastic"
     from bilevel.experiments.common import paper_solver
 

@@ -27,25 +27,23 @@ rules of each method's theorem), then :func:`tune_outer_step` chooses the step:
 3. **Score**: the regret of those rounds (the run's regret oracle), or the sum of their outer
    losses when the run has ``regret=None``; a candidate that diverged is dropped.
 4. **Choice**: the best score among the candidates whose next larger one was kept too (a step at
-   the edge of stability may diverge later), or the next larger when it scores within
-   ``bilevel.drivers.tuning.NEAR`` (1.5x) of the best, as ``bl.solve``'s tuning does.
+   the edge of stability may diverge later), or the next larger within 1.5x of the best score
+   (``bilevel.drivers.tuning.near_best``, as ``bl.solve``'s tuning does).
 5. **The whole horizon**: where :mod:`bilevel.solvers.online.settling` predicts the regret, a
    choice predicted above a tenth of standing still's, or 1.5x the lowest, gives way to the one
    predicted lowest (``OnlineTuning.predicted``): the first rounds can favour too small a step.
+   Where none is predicted to reach a tenth (on 100 rounds or more), "auto" is refused, naming
+   what else to change (``check_step=False`` warns and plays it).
 
 The record is a :class:`OnlineTuning` in ``res.tuning`` (the grid, scores, choice, the rounds,
 samples, oracle calls and seconds spent); the tuning's samples and oracle calls are added to
 every row of ``res.history`` (no free work: ``samples`` at round t is the tuning's plus the
 run's first t rounds). The choice is deterministic for a seed. A number given as ``lr_outer``
-is checked against the bound instead (``check_step=True``) and refused above it.
+is checked instead (``check_step=True``: ``OnlineSolver.check_outer_step``, ``check_settling``).
 
-**The inner steps.** ``lr_inner="auto"`` (and the steps derived from it) is resolved from the
-curvature of round 1 at (x0, y0); ``solve_online`` then rescales it every
-:data:`~bilevel.drivers.engine.ADAPT_EVERY` rounds by ``min(1, L_g(round 1) / L_g(round t))``,
-L_g of the round the run is at, where it is
-(:class:`bilevel.drivers.curvature.OnlineInnerCurvature`, the rule of ``bl.solve``'s
-:mod:`bilevel.drivers.curvature`): a stream or an x that raises the inner curvature does not
-leave the round-1 step unstable. Numbers given are left alone.
+**The inner steps.** ``lr_inner="auto"`` (and the steps derived from it), resolved at round 1,
+is rescaled every :data:`~bilevel.drivers.engine.ADAPT_EVERY` rounds by ``min(1, L_g(round 1) /
+L_g(round t))`` (:class:`bilevel.drivers.curvature.OnlineInnerCurvature`, ``bl.solve``'s rule).
 """
 
 from __future__ import annotations
@@ -79,21 +77,14 @@ from bilevel.drivers.programs import ProgramSettings, init_states
 from bilevel.drivers.progress import Progress
 from bilevel.drivers.results import Outcome, drop_seed_axis, finish
 from bilevel.drivers.rounds import OnlineEngine, RoundEvaluation, play_first_rounds
-from bilevel.drivers.tuning import NEAR, Tuning
+from bilevel.drivers.tuning import Tuning, near_best
 from bilevel.solvers.online.base import OnlineSolver
 from bilevel.solvers.online.settling import predicted_choice
 
 PyTree = Any
 
-__all__ = [
-    "solve_online",
-    "OnlineResult",
-    "OnlineEngine",
-    "OnlineTuning",
-    "tune_outer_step",
-    "tuning_rounds",
-    "GRID_FRACTIONS",
-]
+__all__ = ["solve_online", "OnlineResult", "OnlineEngine", "OnlineTuning", "tune_outer_step"]
+__all__ += ["tuning_rounds", "GRID_FRACTIONS"]
 
 #: the candidates: these fractions of the stable bound (module docstring)
 GRID_FRACTIONS = tuple(2.0**-k for k in range(1, 9))
@@ -216,10 +207,10 @@ def solve_online(
         cpu_rewrites: the XLA:CPU rewrites of the compiled rounds, as in :func:`bilevel.solve`.
         check_step: refuse a numeric ``lr_outer`` above the solver's stable bound
             (``OnlineSolver.check_outer_step``), or, with a regret, one predicted to leave it
-            above a tenth of standing still where other steps below the bound reach that
-            (``OnlineSolver.check_settling``); ``False`` plays it anyway (to study a
-            divergence or a slow step). ``lr_outer="auto"`` is tuned below the bound (module
-            docstring).
+            above a tenth of standing still (``OnlineSolver.check_settling``: naming the steps
+            that reach it, or what else to change where none does), and ``"auto"`` where no
+            candidate is predicted to reach it (module docstring, point 5); ``False`` plays it
+            anyway (to study a divergence or a slow step).
         log_to: a TensorBoard directory, as in :func:`bilevel.solve` (the round is the step).
 
     Returns:
@@ -228,8 +219,8 @@ def solve_online(
     Raises:
         ProblemKindError: (a TypeError and a ValueError) when ``problem`` is not an
             ``OnlineProblem`` or ``solver`` is not an online solver, naming the fix.
-        ValueError: bad arguments; a non-finite start; a numeric ``lr_outer`` above the
-            stable bound (naming the bound); ``lr_outer="auto"`` when every candidate diverged.
+        ValueError: bad arguments; a non-finite start; a step refused by ``check_step``;
+            ``lr_outer="auto"`` when every candidate diverged.
         Interrupted: on Ctrl-C or SIGTERM; its ``.result`` holds the rounds done.
     """
     check_online_arguments(problem, solver, on_divergence, regret_step)
@@ -244,7 +235,9 @@ def solve_online(
     evaluation = RoundEvaluation(oracle, regret_step, reference_steps)
     tuning = None
     if isinstance(solver.lr_outer, str) and solver.lr_outer == "auto":
-        tuning = tune_outer_step(problem, solver, evaluation, seed_list[0], init, settings)
+        tuning = tune_outer_step(
+            problem, solver, evaluation, seed_list[0], init, settings, check_step=check_step
+        )
         solver = dataclasses.replace(solver, lr_outer=tuning.value)
     template, solver = solver, solver.resolve(problem)
     if check_step and tuning is None:
@@ -324,6 +317,7 @@ def tune_outer_step(
     seed: int = 0,
     init: Callable | None = None,
     settings: ProgramSettings | None = None,
+    check_step: bool = True,
 ) -> OnlineTuning:
     """Choose ``lr_outer`` for ``solver`` on the first rounds of ``problem`` (module docstring).
 
@@ -335,9 +329,12 @@ def tune_outer_step(
             ``None``: the score is the outer loss).
         seed, init: the start of every candidate (the run's first seed and its ``init``).
         settings: the programs' settings (the run's CPU rewrites).
+        check_step: refuse a horizon on which no candidate is predicted to settle (point 5);
+            ``False`` warns and plays the choice.
 
     Raises:
-        ValueError: when every candidate diverged (naming what to give instead).
+        ValueError: when every candidate diverged (naming what to give instead), or none is
+            predicted to settle (``check_step``; naming what else to change).
     """
     t0 = time.perf_counter()
     base = solver.resolve_settings(problem)
@@ -365,7 +362,9 @@ def tune_outer_step(
     best, predicted = _choice(scores, dropped), ()
     if evaluation.oracle is not None:  # point 5: the whole horizon, where it can be predicted
         chosen = dataclasses.replace(base, lr_outer=grid[best])
-        best, predicted = predicted_choice(chosen, problem, evaluation.oracle, grid, kept, best)
+        best, predicted = predicted_choice(
+            chosen, problem, evaluation.oracle, grid, kept, best, refuse=check_step
+        )
     return OnlineTuning(
         field="lr_outer",
         value=grid[best],
@@ -389,11 +388,7 @@ def tune_outer_step(
 
 
 def _choice(scores: list[float], dropped: tuple[str, ...]) -> int:
-    """The best score among the kept candidates whose next larger one was kept too, or that
-    next larger one when it scores within ``NEAR`` of the best (module docstring, point 4)."""
+    """The kept candidates whose next larger one was kept too, by ``near_best`` (point 4)."""
     kept = [i for i, d in enumerate(dropped) if not d]
     safe = [i for i in kept if i + 1 == len(scores) or not dropped[i + 1]] or kept
-    best = min(safe, key=lambda i: scores[i])
-    if best + 1 in safe and scores[best + 1] <= NEAR * scores[best]:
-        best += 1
-    return best
+    return near_best(scores, safe)

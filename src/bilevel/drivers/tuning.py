@@ -103,6 +103,7 @@ __all__ = [
     "final_score",
     "GRID",
     "NEAR",
+    "near_best",
     "TAIL_START",
     "TAIL_FACTOR",
 ]
@@ -333,6 +334,15 @@ def tune(
     return dataclasses.replace(tuning, tail=tail_decay(problem, solver, steps))
 
 
+def near_best(scores: Sequence[float], safe: Sequence[int]) -> int:
+    """The index of ``safe`` (candidates of an increasing grid) that scores best, or the next
+    larger one when it is in ``safe`` and scores within :data:`NEAR` of it (point 4)."""
+    choice = min(safe, key=lambda i: scores[i])
+    if choice + 1 in safe and scores[choice + 1] <= NEAR * scores[choice]:
+        choice += 1
+    return choice
+
+
 def _best(trial: Trial) -> int:
     return int(np.argmin(trial.scores))
 
@@ -352,9 +362,7 @@ def _decide(trial: Trial, solver: Solver, score_name: str, n: int, seconds: floa
     stable = tuning_runs.RAN_STABLY
     safe = [i for i in kept if i + 1 == len(trial.grid) or trial.dropped[i + 1] in stable]
     if safe:
-        choice = min(safe, key=lambda i: trial.scores[i])
-        if choice + 1 in safe and trial.scores[choice + 1] <= NEAR * trial.scores[choice]:
-            choice += 1
+        choice = near_best(trial.scores, safe)
     else:  # all at the edge, all below them dropped: the best, bl.solve's retry as its guard
         choice = min(kept, key=lambda i: trial.scores[i])
     return Tuning(

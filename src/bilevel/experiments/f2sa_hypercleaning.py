@@ -69,6 +69,9 @@ PAPER_PROTOCOL = Protocol(
         "F2SA shared x-sample": Sourced(
             True, "F2SA paper, App. C (one sample phi_x^k for grad_x g at y and z)"
         ),
+        "F2SA shared inner sample": Sourced(
+            False, "F2SA paper, Algorithm 1 (phi_z and phi_y of an inner step drawn apart)"
+        ),
         "F2SA regime": Sourced(
             "stochastic",
             "F2SA paper, Cor. 4.2 (a): alpha_k ~ k^(-5/7), gamma_k ~ k^(-4/7) (both levels "
@@ -125,6 +128,7 @@ def method_options(cfg: dict) -> dict[str, dict]:
     return {
         "f2sa": {
             "shared_x_sample": cfg["F2SA shared x-sample"],
+            "shared_inner_sample": cfg["F2SA shared inner sample"],
             "regime": cfg["F2SA regime"],
             "lam0": cfg["F2SA lam0"],
             "k0": cfg["F2SA k0"],

@@ -222,9 +222,10 @@ def drifting_quadratic(
         inner_data = {"c": _samples(rng, c, n_samples, noise).astype(dtype)}
         outer_data = {"b": _samples(rng, b, n_samples, noise).astype(dtype)}
     kind = ", stochastic" if stochastic else ""
-    name = (
-        f"drifting_quadratic(dx={dx}, dy={dy}, T={horizon}, drift_inner={drift_inner}, "
-        f"drift_outer={drift_outer}{kind})"
+    name = (  # every setting that changes the stream's difficulty, so messages tell them apart
+        f"drifting_quadratic(dx={dx}, dy={dy}, T={horizon}, cond={cond:g}, rho_x={rho_x:g}, "
+        f"coupling={coupling:g}, drift_inner={drift_inner}, drift_outer={drift_outer}, "
+        f"seed={seed}{kind})"
     )
     return OnlineProblem(
         outer=outer,

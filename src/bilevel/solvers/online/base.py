@@ -166,16 +166,25 @@ class OnlineSolver(Solver):
 
     def check_settling(self, problem, oracle: str) -> None:
         """Refuse a numeric ``lr_outer`` predicted to leave the regret above a tenth of that
-        of standing still at x0 within the horizon, where steps below the stable bound are
-        predicted to reach it (a ValueError naming them; ``bilevel.solvers.online.settling``,
-        whose module docstring has the prediction). ``oracle``: the regret's oracle of grad
-        F_t. Skipped where :meth:`check_outer_step` is, and where no prediction is made."""
+        of standing still at x0 within the horizon (a ValueError): naming the steps below the
+        stable bound predicted to reach it, or, where none is on a horizon of at least
+        ``settling.SETTLE_ROUNDS`` rounds, what else to change (:meth:`settling_hint`;
+        ``bilevel.solvers.online.settling``, whose module docstring has the prediction).
+        ``oracle``: the regret's oracle of grad F_t. Skipped where :meth:`check_outer_step`
+        is, and where no prediction is made."""
         lr = self._checked_step()
         if lr is None:
             return
         bound = self.stable_outer_step(problem).bound
         found = settling.settling(self, problem, oracle, bound)
-        if found is None or not found.reaching:
+        if found is None or found.lowest is None:
+            return
+        if not found.reaching:
+            if problem.horizon >= settling.SETTLE_ROUNDS and math.isfinite(found.lowest[0]):
+                raise ValueError(
+                    f"{settling.unreachable(self, problem, *found.lowest)}; or check_step=False "
+                    f"to play {lr:g} anyway (predicted {found.ratio:.2g})."
+                )
             return
         low, high = min(found.reaching), max(found.reaching)
         which = "below" if lr < low else "above" if lr > high else "not among"
@@ -203,10 +212,16 @@ class OnlineSolver(Solver):
 
     def settling_hint(self) -> str:
         """What else to change when no ``lr_outer`` is predicted to settle within the horizon
-        (``bilevel.solvers.online.settling.SettlingWarning``)."""
+        (``check_settling``, ``bilevel.solvers.online.settling.predicted_choice``): more inner
+        steps where the method has that setting, else a method that has it."""
+        lag = "an inner iterate that lags y*_t holds x back"
+        if hasattr(self, "inner_steps"):
+            return (
+                f"more inner steps (inner_steps={self.inner_steps!r}: {lag}), or a longer horizon"
+            )
         return (
-            "more inner steps or a larger inner step where the method takes them (an inner "
-            "iterate that lags y*_t holds x back), or a longer horizon"
+            f"a method with several inner steps a round such as 'f2obo', 'aobo' or 'oagd' "
+            f"({self.name} takes one, and {lag}), or a longer horizon"
         )
 
     def check_problem(self, problem) -> None:

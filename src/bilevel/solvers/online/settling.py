@@ -36,8 +36,11 @@ The same prediction judges ``lr_outer="auto"``'s choice over the whole horizon
 
 :func:`settling` predicts the given step and, when it misses :data:`TARGET`, the steps of a
 grid below the stable bound; ``OnlineSolver.check_settling`` refuses the step when some of
-them reach the target (naming them), and plays it when none does (a horizon too short for any
-step: nothing better to offer).
+them reach the target (naming them). When none does, on a horizon of at least
+:data:`SETTLE_ROUNDS`, the step (and ``"auto"``) is refused too, naming what else holds x back
+(:func:`unreachable`: an inner iterate that lags y*_t, F2OBO-SL's decaying step); on a shorter
+horizon it is played (no step settles there, and the only advice would be a longer stream).
+``check_step=False`` plays either anyway.
 """
 
 from __future__ import annotations
@@ -56,17 +59,17 @@ import numpy as np
 from bilevel.analysis import regret as _regret
 from bilevel.solvers.online import auto
 
-__all__ = ["TARGET", "Settling", "SettlingWarning", "settling", "predicted_choice"]
+__all__ = ["TARGET", "Settling", "SettlingWarning", "settling", "predicted_choice", "unreachable"]
 
 #: the regret, over that of standing still at x0, a numeric step must be predicted to reach
 TARGET = 0.1
 #: the tuning keeps the first rounds' choice where it is predicted within this factor of the
 #: candidate predicted lowest (:func:`predicted_choice`)
 NEAR = 1.5
-#: the shortest horizon whose unreachable target :func:`predicted_choice` warns about: on a
-#: shorter stream (the tests' and toy runs of 3-60 rounds) no step settles and the advice
-#: would only be "a longer horizon"
-WARN_ROUNDS = 100
+#: the shortest horizon on which a target no step is predicted to reach is refused (or, with
+#: ``check_step=False``, warned about): on a shorter stream (the tests' and toy runs of 3-60
+#: rounds) no step settles and the advice would only be "a longer horizon"
+SETTLE_ROUNDS = 100
 #: the grid of the refusal's advice: the stable bound times these factors
 GRID = tuple(2.0 ** (-k / 2) for k in range(1, 21))
 #: the longest horizon predicted (each grid step plays the linearised map for every round)
@@ -81,9 +84,9 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {k
 
 
 class SettlingWarning(UserWarning):
-    """``lr_outer="auto"`` found no step predicted to bring the regret within :data:`TARGET`
-    of standing still's over the horizon (:func:`predicted_choice`): the message says what else
-    to change."""
+    """``lr_outer="auto"`` with ``check_step=False`` found no step predicted to bring the regret
+    within :data:`TARGET` of standing still's over the horizon (:func:`predicted_choice`; with
+    ``check_step=True`` that is a ValueError): the message says what else to change."""
 
 
 class Settling(NamedTuple):
@@ -96,11 +99,14 @@ class Settling(NamedTuple):
             at most the target, or when none is).
         rounds: the rounds the map was linearised on (1, 2, 4, ...: each plays the rounds up
             to the next).
+        lowest: where ``ratio`` misses the target, the grid's lowest predicted ratio and its
+            step ``(ratio, lr_outer)``; else ``None``.
     """
 
     ratio: float
     reaching: tuple[float, ...]
     rounds: tuple[int, ...]
+    lowest: tuple[float, float] | None = None
 
 
 def settling(solver, problem, oracle: str, bound: float | None) -> Settling | None:
@@ -114,13 +120,28 @@ def settling(solver, problem, oracle: str, bound: float | None) -> Settling | No
         return None
     predict, rounds = found
     ratio = predict(float(solver.lr_outer))
-    reaching: tuple[float, ...] = ()
-    if ratio > TARGET and bound is not None:
-        reaching = tuple(s for s in (bound * f for f in GRID) if predict(s) <= TARGET)
-    return Settling(ratio, reaching, rounds)
+    if ratio <= TARGET or bound is None:
+        return Settling(ratio, (), rounds)
+    steps = [bound * f for f in GRID]
+    ratios = [predict(s) for s in steps]
+    reaching = tuple(s for s, r in zip(steps, ratios, strict=True) if r <= TARGET)
+    low = min(range(len(steps)), key=ratios.__getitem__)
+    return Settling(ratio, reaching, rounds, (ratios[low], steps[low]))
 
 
-def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int):
+def unreachable(solver, problem, lowest: float, step: float) -> str:
+    """The message for a horizon on which no step below the stable bound is predicted to reach
+    :data:`TARGET` (``lowest``, the lowest predicted ratio, at ``step``): what else to change
+    (``solver.settling_hint()``)."""
+    return (
+        f"{solver.name}: no lr_outer below the stable bound is predicted to bring the regret "
+        f"within {TARGET:g} of standing still at x0 over the {problem.horizon} rounds of "
+        f"{problem.name} (the lowest, {lowest:.2g}, with lr_outer={step:.3g}): the outer step "
+        f"is not what holds it back. Try {solver.settling_hint()}"
+    )
+
+
+def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int, refuse: bool = True):
     """The tuning's candidate for the whole horizon: ``(index, predicted ratios)``.
 
     ``chosen`` (an index into ``grid``, from the first rounds' regret) is kept where no
@@ -128,12 +149,17 @@ def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int):
     :data:`TARGET` and within :data:`NEAR` of the lowest of ``kept``'s (it was measured, the
     prediction is a linearisation); otherwise the candidate of ``kept`` predicted lowest
     replaces it. The first rounds can favour a step too small to settle: on a stream whose
-    inner iterate starts far from y*, moving x early only adds regret (F2OBO-SL on
-    ``drifting_quadratic(dx=8, dy=12, cond=20, drift 0.02, seed=3)``: 0.0156 scored best on the
-    first 40 rounds and ended at 0.83 of standing still, as predicted; 1.99, predicted lowest
-    at 0.51, ended at 0.48). Where even the lowest is above :data:`TARGET` on a horizon of at
-    least :data:`WARN_ROUNDS`, a :class:`SettlingWarning` says so (and what else to change:
-    ``solver.settling_hint()``)."""
+    inner iterate starts far from y*, moving x early only adds regret (F2OBO-SL with tau = 1/4
+    on ``drifting_quadratic(dx=8, dy=12, cond=20, drift 0.02, seed=3)``: 0.0156 scored best on
+    the first 40 rounds and ended at 0.83 of standing still, as predicted; 1.99, predicted
+    lowest at 0.51, ended at 0.48).
+
+    Raises:
+        ValueError: where even the lowest is above :data:`TARGET` on a horizon of at least
+            :data:`SETTLE_ROUNDS`, naming what else to change (``solver.settling_hint()``);
+            with ``refuse=False`` (``check_step=False``) a :class:`SettlingWarning` says so and
+            the choice is played.
+    """
     found = _prediction(solver, problem, oracle)
     if found is None:
         return chosen, ()
@@ -144,13 +170,16 @@ def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int):
         return chosen, ratios
     keep = ratios[chosen] <= min(TARGET, NEAR * ratios[best])
     choice = chosen if keep else best
-    if ratios[best] > TARGET and problem.horizon >= WARN_ROUNDS:
+    if ratios[best] > TARGET and problem.horizon >= SETTLE_ROUNDS:
+        message = unreachable(solver, problem, ratios[best], grid[best])
+        if refuse:
+            raise ValueError(
+                f"{message}; or check_step=False to play lr_outer='auto' anyway (it would play "
+                f"{grid[choice]:.3g}, predicted {ratios[choice]:.2g})."
+            )
         warnings.warn(
-            f"{solver.name}: no lr_outer below the stable bound is predicted to bring the regret "
-            f"within {TARGET:g} of standing still at x0 over the {problem.horizon} rounds of "
-            f"{problem.name} (the lowest, {ratios[best]:.2g}, with lr_outer={grid[best]:.3g}; "
-            f"playing {grid[choice]:.3g}, predicted {ratios[choice]:.2g}): the outer step is not "
-            f"what holds it back. Try {solver.settling_hint()}.",
+            f"{message}. Playing {grid[choice]:.3g}, predicted {ratios[choice]:.2g} "
+            "(check_step=False).",
             SettlingWarning,
             stacklevel=2,
         )
