@@ -175,28 +175,30 @@ def test_constant_regime_is_section_4_4(quad):
     assert etas == pytest.approx([1.0, 1.0, 1 / 3, 1 / 10], rel=1e-14)
 
 
+@pytest.mark.parametrize("shared_inner", [True, False])
 @pytest.mark.parametrize("shared", [True, False])
-def test_momentum_evaluates_the_same_sample_at_both_points(shared):
+def test_momentum_evaluates_the_same_sample_at_both_points(shared, shared_inner):
     """Rebuilds each step's minibatches with ``sampling.minibatches`` and recomputes all
     six estimators: each one's sample is used at the current AND the previous point; h_gxy and
-    h_gxz share phi_x (Appendix C) unless ``shared_x_sample=False``. Four steps, so that
+    h_gxz share phi_x (Appendix C) unless ``shared_x_sample=False``, h_gz and h_gy share one
+    unless ``shared_inner_sample=False`` (Algorithm 2's phi_z, phi_y). Four steps, so that
     eta_2, eta_3 < 1 and the recursion is live. rtol 1e-12: the same float64 operations."""
     p = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=50)
     bs, lr_in, lr_out, lam0, k0 = 5, 0.1, 0.1, 3.0, 2.0
     solver = bl.solvers.make(
         "f3sa", lr_outer=lr_out, lr_inner=lr_in, batch_size=bs, lam0=lam0, k0=k0,
-        shared_x_sample=shared,
+        shared_x_sample=shared, shared_inner_sample=shared_inner,
     )  # fmt: skip
     a, c = solver.exponents(p)
     assert (a, c) == F3SA_REGIMES["stochastic"]
     f, g = p.outer, p.inner
-    n_x = 1 if shared else 2
+    n_x, n_y = (1 if shared else 2), (1 if shared_inner else 2)
 
     @jax.jit
     def replica(state):
         _, batch_key = jax.random.split(state.key)
         mb = sampling.minibatches(batch_key, p.outer_data, p.inner_data, bs, outer=2,
-                                  inner=2 + n_x)  # fmt: skip
+                                  inner=n_y + n_x)  # fmt: skip
         k = state.k.astype(float)
         gamma = lr_in * (k0 / (k + k0)) ** c
         lam = lam0 * ((k + k0) / k0) ** (a - c)
@@ -208,11 +210,11 @@ def test_momentum_evaluates_the_same_sample_at_both_points(shared):
 
         h_gz = storm(oracles.grad_y, g, (x, z), (xp, state.z_prev), mb.inner(0), est.gz)
         h_fy = storm(oracles.grad_y, f, (x, y), (xp, state.y_prev), mb.outer(0), est.fy)
-        h_gy = storm(oracles.grad_y, g, (x, y), (xp, state.y_prev), mb.inner(1), est.gy)
+        h_gy = storm(oracles.grad_y, g, (x, y), (xp, state.y_prev), mb.inner(n_y - 1), est.gy)
         z1, y1 = z - gamma * h_gz, y - gamma / lam * (h_fy + lam * h_gy)
         h_fx = storm(oracles.grad_x, f, (x, y1), (xp, y), mb.outer(1), est.fx)
-        h_gxy = storm(oracles.grad_x, g, (x, y1), (xp, y), mb.inner(2), est.gxy)
-        h_gxz = storm(oracles.grad_x, g, (x, z1), (xp, z), mb.inner(1 + n_x), est.gxz)
+        h_gxy = storm(oracles.grad_x, g, (x, y1), (xp, y), mb.inner(n_y), est.gxy)
+        h_gxz = storm(oracles.grad_x, g, (x, z1), (xp, z), mb.inner(n_y + n_x - 1), est.gxz)
         x1 = x - lr_out * (k0 / (k + k0)) ** a * (h_fx + lam * (h_gxy - h_gxz))
         # a wrong variant (another sample at the previous point) to show the check is sharp
         wrong_gz = storm(oracles.grad_y, g, (x, z), (xp, state.z_prev), mb.inner(1), est.gz)
@@ -235,7 +237,7 @@ def test_momentum_evaluates_the_same_sample_at_both_points(shared):
             assert not np.allclose(wrong_gz, expected.gz, rtol=1e-6)
             assert not np.array_equal(b0, b1)
         state = new
-    assert int(state.counts.samples_inner) == 4 * bs * (2 + n_x)
+    assert int(state.counts.samples_inner) == 4 * bs * (n_y + n_x)
     assert int(state.counts.samples_outer) == 4 * bs * 2
 
 
