@@ -180,7 +180,7 @@ class OnlineSolver(Solver):
         if found is None or found.lowest is None:
             return
         if not found.reaching:
-            if problem.horizon >= settling.SETTLE_ROUNDS and math.isfinite(found.lowest[0]):
+            if problem.horizon >= settling.SETTLE_ROUNDS and found.lowest[0] < settling.TRUSTED:
                 raise ValueError(
                     f"{settling.unreachable(self, problem, *found.lowest)}; or check_step=False "
                     f"to play {lr:g} anyway (predicted {found.ratio:.2g})."

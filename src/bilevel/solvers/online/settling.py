@@ -39,7 +39,11 @@ grid below the stable bound; ``OnlineSolver.check_settling`` refuses the step wh
 them reach the target (naming them). When none does, on a horizon of at least
 :data:`SETTLE_ROUNDS`, the step (and ``"auto"``) is refused too, naming what else holds x back
 (:func:`unreachable`: an inner iterate that lags y*_t, F2OBO-SL's decaying step); on a shorter
-horizon it is played (no step settles there, and the only advice would be a longer stream).
+horizon it is played (no step settles there, and the only advice would be a longer stream),
+and so it is where every step is predicted worse than standing still (:data:`TRUSTED`: on a
+stream whose inner curvature grows, the maps linearised from (x0, y0) run away, to 4e30 of
+standing still's regret for FSOBO on the growing-curvature stream of
+tests/test_curvature_follow.py, while the run rescales its inner step and settles).
 ``check_step=False`` plays either anyway.
 """
 
@@ -70,6 +74,10 @@ NEAR = 1.5
 #: ``check_step=False``, warned about): on a shorter stream (the tests' and toy runs of 3-60
 #: rounds) no step settles and the advice would only be "a longer horizon"
 SETTLE_ROUNDS = 100
+#: where even the lowest predicted ratio is at least this (every step worse than standing
+#: still), the linearised maps run away where the run need not (an inner curvature that grows
+#: along the stream while the run rescales its inner step): nothing is refused on that
+TRUSTED = 1.0
 #: the grid of the refusal's advice: the stable bound times these factors
 GRID = tuple(2.0 ** (-k / 2) for k in range(1, 21))
 #: the longest horizon predicted (each grid step plays the linearised map for every round)
@@ -166,7 +174,7 @@ def predicted_choice(solver, problem, oracle: str, grid, kept, chosen: int, refu
     predict = found[0]
     ratios = tuple(predict(float(g)) if i in kept else math.inf for i, g in enumerate(grid))
     best = min(kept, key=lambda i: ratios[i])
-    if not math.isfinite(ratios[best]):  # every linearised map runs away: nothing to judge by
+    if not ratios[best] < TRUSTED:  # every linearised map runs away: nothing to judge by
         return chosen, ratios
     keep = ratios[chosen] <= min(TARGET, NEAR * ratios[best])
     choice = chosen if keep else best
