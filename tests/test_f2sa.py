@@ -178,28 +178,31 @@ def test_stochastic_step_uses_a_fresh_sample_per_oracle(shared_x, shared_inner):
     assert int(new.counts.samples_outer) == bs * (T + 1)
 
 
+def _x_step_spread(solver_options: dict, **options) -> float:
+    """The spread (norm of the per-coordinate std) of one F2SA x step from y = z = y*(x) over
+    32 keys, on a sampled quadratic."""
+    p = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=50, noise=1.0)
+    x = jnp.ones(3)
+    y_star = jnp.asarray(p.reference.y_star(np.ones(3)))
+    solver = bl.solvers.make("f2sa", **solver_options, **options)
+    keys = jax.random.split(jax.random.PRNGKey(0), 32)
+
+    def x_step(key):
+        state = solver.init(p, key)._replace(x=x, y=y_star, z=y_star)
+        return solver.step(p, state).x
+
+    return float(jnp.linalg.norm(jnp.std(jax.vmap(x_step)(keys), axis=0)))
+
+
 def test_the_x_gradients_of_g_share_a_sample_by_default():
     """Appendix C's shared sample is the default: with y = z = y*(x), the penalty term
     lam (grad_x g(x, y; phi) - grad_x g(x, z; phi)) vanishes on one draw, while two independent
     draws add lam times the sample noise of grad_x g (here w_i v_i^T: the module docstring).
     The spread of one x step over 32 keys is the outer sample's alone with the default."""
-    p = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=50, noise=1.0)
-    x = jnp.ones(3)
-    y_star = jnp.asarray(p.reference.y_star(np.ones(3)))
     options = dict(lr_outer=0.1, lr_inner=1e-12, batch_size=5, inner_steps=1, lam0=10.0)
-    keys = jax.random.split(jax.random.PRNGKey(0), 32)
-
-    def spread(solver):
-        def x_step(key):
-            state = solver.init(p, key)._replace(x=x, y=y_star, z=y_star)
-            return solver.step(p, state).x
-
-        return float(jnp.linalg.norm(jnp.std(jax.vmap(x_step)(keys), axis=0)))
-
-    default = bl.solvers.make("f2sa", **options)
-    assert default.shared_x_sample
-    outer_only = spread(default)
-    independent = spread(bl.solvers.make("f2sa", shared_x_sample=False, **options))
+    assert bl.solvers.make("f2sa").shared_x_sample
+    outer_only = _x_step_spread(options)
+    independent = _x_step_spread(options, shared_x_sample=False)
     # lam = 10 times the cross-derivative noise against grad_x f's noise alone
     assert outer_only < 0.2 * independent, (outer_only, independent)
 
@@ -210,23 +213,10 @@ def test_the_inner_steps_share_a_sample_by_default():
     step on g is beta = gamma / 2, eq. (6)), so the penalty term lam (grad_x g(x, y) - grad_x
     g(x, z)) of the x step carries 0.45 of the noise. From y = z = y*(x), one inner step, over
     32 keys (measured 0.42 of the independent draws' spread)."""
-    p = bl.problems.quadratic(dx=3, dy=4, stochastic=True, n_samples=50, noise=1.0)
-    x = jnp.ones(3)
-    y_star = jnp.asarray(p.reference.y_star(np.ones(3)))
     options = dict(lr_outer=0.1, lr_inner=0.1, batch_size=5, inner_steps=1, lam0=100.0)
-    keys = jax.random.split(jax.random.PRNGKey(0), 32)
-
-    def spread(solver):
-        def x_step(key):
-            state = solver.init(p, key)._replace(x=x, y=y_star, z=y_star)
-            return solver.step(p, state).x
-
-        return float(jnp.linalg.norm(jnp.std(jax.vmap(x_step)(keys), axis=0)))
-
-    default = bl.solvers.make("f2sa", **options)
-    assert default.shared_inner_sample
-    shared = spread(default)
-    independent = spread(bl.solvers.make("f2sa", shared_inner_sample=False, **options))
+    assert bl.solvers.make("f2sa").shared_inner_sample
+    shared = _x_step_spread(options)
+    independent = _x_step_spread(options, shared_inner_sample=False)
     assert shared < 0.6 * independent, (shared, independent)
 
 
