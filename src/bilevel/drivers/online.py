@@ -388,7 +388,8 @@ def tune_outer_step(
 
 
 def _choice(scores: list[float], dropped: tuple[str, ...]) -> int:
-    """The kept candidates whose next larger one was kept too, by ``near_best`` (point 4)."""
+    """The choice among the kept candidates whose next larger one was kept too, by
+    ``near_best`` (module docstring, point 4)."""
     kept = [i for i, d in enumerate(dropped) if not d]
     safe = [i for i in kept if i + 1 == len(scores) or not dropped[i + 1]] or kept
     return near_best(scores, safe)
