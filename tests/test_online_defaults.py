@@ -326,3 +326,16 @@ def test_the_settling_prediction_by_dense_inner_solves_follows_the_closed_form(s
     assert closed.ratio > 0.1 and closed.reaching
     assert closed.ratio <= dense.ratio <= 1.1 * closed.ratio
     assert max(dense.reaching) == max(closed.reaching)
+
+
+def test_the_settling_hint_names_what_each_method_can_change():
+    """Where no step settles the refusal names what else to change: the tolerances at which
+    AOBO's and AF2OBO's inner loops stop, the count of a method that counts its inner steps,
+    and another method for the single-step ones (never the method itself)."""
+    hints = {name: bl.solvers.make(name).settling_hint() for name in ONLINE}
+    assert "tolerance=0.1" in hints["aobo"] and "delta_y=" in hints["af2obo"]
+    assert "inner_steps=5" in hints["oagd"] and "smaller tau" in hints["f2obo-sl"]
+    for name in ("fsobo", "sogd"):
+        assert f"{name} takes one" in hints[name]
+    for name, hint in hints.items():
+        assert f"'{name}'" not in hint, (name, hint)

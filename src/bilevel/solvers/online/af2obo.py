@@ -126,6 +126,7 @@ class AF2OBO(PenaltyOnlineSolver):
     )
     #: per-round inner iterations vary (the test battery checks monotone counts instead)
     adaptive: ClassVar[bool] = True
+    inner_tolerances: ClassVar[tuple[str, ...]] = ("delta_y", "delta_z")
 
     def validate(self) -> None:
         super().validate()

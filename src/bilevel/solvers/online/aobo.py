@@ -195,6 +195,7 @@ class AOBO(HypergradientRound):
     )
     #: the y steps per round vary (``inner_iterations``), so do the per-round oracle counts
     adaptive: ClassVar[bool] = True
+    inner_tolerances: ClassVar[tuple[str, ...]] = ("tolerance",)
 
     def validate(self) -> None:
         name = type(self).__name__

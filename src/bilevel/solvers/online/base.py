@@ -62,6 +62,9 @@ class OnlineSolver(Solver):
     #: (:meth:`stable_outer_step`): for a round that holds a value constant with
     #: ``stop_gradient``, which forward mode would read as no dependence
     linearise_by_differences: ClassVar[bool] = False
+    #: the fields at which the inner loops stop (a tolerance, not a count), for
+    #: :meth:`settling_hint`; empty for a method whose inner steps are counted
+    inner_tolerances: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def round(self, problem, state: Any) -> Any:
@@ -212,9 +215,13 @@ class OnlineSolver(Solver):
 
     def settling_hint(self) -> str:
         """What else to change when no ``lr_outer`` is predicted to settle within the horizon
-        (``check_settling``, ``bilevel.solvers.online.settling.predicted_choice``): more inner
-        steps where the method has that setting, else a method that has it."""
+        (``check_settling``, ``bilevel.solvers.online.settling.predicted_choice``): smaller
+        tolerances where the inner loops stop at one (:attr:`inner_tolerances`), more inner
+        steps where the method counts them, else a method that takes several."""
         lag = "an inner iterate that lags y*_t holds x back"
+        if self.inner_tolerances:
+            settings = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.inner_tolerances)
+            return f"smaller inner tolerances ({settings}: {lag}), or a longer horizon"
         if hasattr(self, "inner_steps"):
             return (
                 f"more inner steps (inner_steps={self.inner_steps!r}: {lag}), or a longer horizon"
