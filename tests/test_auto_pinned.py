@@ -137,8 +137,12 @@ OFFLINE_RULES = {
 #: the same on the stream; every online solver's ``lr_outer`` is added by the test (a quarter of
 #: its stable bound)
 ONLINE_RULES = {
-    "af2obo": {"lr_inner": 1 / L_G, "delta_y": T**-0.5, "delta_z": T ** -((1 + 2 * 0.5) / 2)},
-    "aobo": {"lr_inner": 1 / L_G},
+    "af2obo": {  # Theorem 4.1's thresholds over kappa_g
+        "lr_inner": 1 / L_G,
+        "delta_y": T**-0.5 * MU_G / L_G,
+        "delta_z": T ** -((1 + 2 * 0.5) / 2) * MU_G / L_G,
+    },
+    "aobo": {"lr_inner": 1 / L_G, "tolerance": T**-0.5 * MU_G / L_G},
     "f2obo": {"lr_inner": 1 / L_G, "inner_steps": f2obo_steps(tau=0.5)},
     "f2obo-sl": {"lr_inner": 1 / L_G},  # K = 1 and no horizon rule (Theorem 3.2)
     "fsobo": {"lr_inner": 1 / L_G},

@@ -110,7 +110,7 @@ def test_af2obo_history_theory_thresholds_and_bad_input():
     )  # the history's counts are the traced ones
     for bad, match in (
         (dict(delta_y=0.0), r"delta_y=0.0\) must be a positive"),
-        (dict(delta_z="auto"), r"delta_z='auto'\) is unknown.*'theory'"),
+        (dict(delta_z="tight"), r"delta_z='tight'\) is unknown.*'theory'.*'auto'"),
         (dict(max_inner_steps=0), r"max_inner_steps=0\) must be a positive int"),
     ):
         with pytest.raises(ValueError, match=match):

@@ -190,7 +190,7 @@ def test_an_mlp_as_x_online(name):
     the window family) play the same rounds on the MLP as on its arrays."""
     mlp = _mlp()
     model, plain = _online(mlp, _model_forward), _online(_plain(mlp), _plain_forward)
-    extra = {"inner_steps": 5} if name == "f2obo" else {}  # "auto" needs resolve()
+    extra = {"f2obo": {"inner_steps": 5}, "aobo": {"tolerance": 0.1}}.get(name, {})  # not "auto"
     solver = bl.solvers.make(name, lr_outer=0.1, lr_inner=0.2, **extra)
     _assert_same_steps(*_trajectories(solver, (model, plain), advance="round"), model)
 

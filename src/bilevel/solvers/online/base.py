@@ -131,6 +131,16 @@ class OnlineSolver(Solver):
             return dataclasses.replace(self, lr_inner=step)
         return self
 
+    @staticmethod
+    def inner_condition(problem, needs: str, instead: str) -> float:
+        """kappa_g = L_g / mu_g of round 1 at (x0, y0) (``bl.diagnose``, cached per problem), for
+        a setting built from it; ``needs`` and ``instead`` word the error where g_1 is not
+        strongly convex there (:func:`bilevel.analysis.diagnose.strong_convexity`)."""
+        from bilevel.analysis.diagnose import strong_convexity
+
+        mu_g, L_g = strong_convexity(problem.round_problem(1), needs, instead)
+        return L_g / mu_g
+
     # ---- the outer step ------------------------------------------------------------------
     def stable_outer_step(self, problem) -> auto.StepBound:
         """The largest ``lr_outer`` at which this solver's round map, linearised at (x0, y0),

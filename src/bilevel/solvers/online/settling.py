@@ -24,8 +24,10 @@ method's own regret ratio up to rounding, with or without drift. Measured on
 predicted against played, at 0.01 / 0.03 / 0.1 / 0.3: F2OBO, SF2OBO and OAGD within 0.002
 (F2OBO 0.174 / 0.061 / 0.019 / 0.007 both), F2OBO-SL 0.491 / 0.259 / 0.135 / 0.096 against
 0.469 / 0.239 / 0.121 / 0.085. On ``dx=8, dy=12, cond=20`` with the same drift (seed 3): SOGD
-exact to the printed digits, SOBOW within 0.017, AF2OBO (whose inner loops stop at a
-tolerance, not a linear map) 0.098 / 0.038 against 0.100 / 0.073 at 0.1 / 0.3. Judging every
+exact to the printed digits, SOBOW within 0.017, AOBO and AF2OBO (whose inner loops stop at a
+tolerance) exact with their default tolerances; with Theorem 4.1's own thresholds (kappa_g
+times larger) AF2OBO's loops stopped where y still held x back, which a linear map does not
+see: 0.098 / 0.038 against 0.100 / 0.073 at 0.1 / 0.3. Judging every
 round by F_1 (before 2026-11-29) predicted F2OBO there at 0.26 / 0.23 for a played 0.091 /
 0.032 at 0.1 / 0.3, and no step to settle. One map for every round missed some: round 1's
 (OAGD, SF2OBO: their first rounds are unlike the rest), round T's (F2OBO-SL's ran to 1e23 with

@@ -179,14 +179,12 @@ class SF2OBO(F2OBO):
             held = not _no_held_data(problem)
             solver = dataclasses.replace(solver, batch_schedule="theory" if held else "constant")
         if solver.inner_schedule == "theory" and solver.kappa_g is None:
-            from bilevel.analysis.diagnose import strong_convexity
-
-            mu, L = strong_convexity(
-                problem.round_problem(1),
+            kappa_g = self.inner_condition(
+                problem,
                 "SF2OBO(inner_schedule='theory') needs kappa_g = L_g / mu_g",
                 "give kappa_g",
             )
-            solver = dataclasses.replace(solver, kappa_g=L / mu)
+            solver = dataclasses.replace(solver, kappa_g=kappa_g)
         return solver
 
     def check_problem(self, problem) -> None:
