@@ -30,9 +30,10 @@ rules of each method's theorem), then :func:`tune_outer_step` chooses the step:
    the edge of stability may diverge later), or the next larger within 1.5x of the best score
    (``bilevel.drivers.tuning.near_best``, as ``bl.solve``'s tuning does).
 5. **The whole horizon**: where :mod:`bilevel.solvers.online.settling` predicts the regret, a
-   choice predicted above a tenth of standing still's, or 1.5x the lowest, gives way to the one
+   choice predicted above 0.095 of standing still's (``settling.TARGET``: a tenth less 5% for
+   the prediction's error), or 1.5x the lowest, gives way to the one
    predicted lowest (``OnlineTuning.predicted``): the first rounds can favour too small a step.
-   Where none is predicted to reach a tenth (on 100 rounds or more), "auto" is refused, naming
+   Where none is predicted to reach it (on 100 rounds or more), "auto" is refused, naming
    what else to change (``check_step=False`` warns and plays it).
 
 The record is a :class:`OnlineTuning` in ``res.tuning`` (the grid, scores, choice, the rounds,
@@ -207,7 +208,7 @@ def solve_online(
         cpu_rewrites: the XLA:CPU rewrites of the compiled rounds, as in :func:`bilevel.solve`.
         check_step: refuse a numeric ``lr_outer`` above the solver's stable bound
             (``OnlineSolver.check_outer_step``), or, with a regret, one predicted to leave it
-            above a tenth of standing still (``OnlineSolver.check_settling``: naming the steps
+            above 0.095 of standing still (``OnlineSolver.check_settling``: naming the steps
             that reach it, or what else to change where none does), and ``"auto"`` where no
             candidate is predicted to reach it (module docstring, point 5); ``False`` plays it
             anyway (to study a divergence or a slow step).

@@ -178,7 +178,8 @@ class OnlineSolver(Solver):
         )
 
     def check_settling(self, problem, oracle: str) -> None:
-        """Refuse a numeric ``lr_outer`` predicted to leave the regret above a tenth of that
+        """Refuse a numeric ``lr_outer`` predicted to leave the regret above
+        ``settling.TARGET`` (0.095: a tenth, less 5% for the prediction's error) of that
         of standing still at x0 within the horizon (a ValueError): naming the steps below the
         stable bound predicted to reach it, or, where none is on a horizon of at least
         ``settling.SETTLE_ROUNDS`` rounds, what else to change (:meth:`settling_hint`;
