@@ -326,7 +326,7 @@ def test_the_default_tolerances_do_not_hold_x_back_on_an_ill_conditioned_stream(
     still, measured 2026-11-29) and below a tenth. With Theorem 4.1's own thresholds, 20 times
     looser, the same step ends at 0.073, twice what the map predicts (0.038): the tolerance
     holds x back. AOBO's T^-1/2 / kappa_g likewise (0.033; 0.050 with Experiment 1's 0.1,
-    whose loop takes no step after round 1 here)."""
+    whose loop takes 0.4 steps a round here, and none in the last rounds)."""
     from bilevel.solvers.online import settling
 
     still = standing_still(lagging_stream)
