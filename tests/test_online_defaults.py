@@ -147,8 +147,9 @@ def test_horizon_rules_follow_the_run():
     assert af.delta_z == pytest.approx(400**-1.0 / kappa_g, rel=1e-6)
     assert aobo.tolerance == pytest.approx(400**-0.5 / kappa_g, rel=1e-6)
     theory = bl.solvers.make("af2obo", lr_outer=0.01, delta_y="theory", delta_z="theory")
-    assert theory.resolve(stream).thresholds(400) == (400**-0.5, 400**-1.0)
-    assert (theory.resolve(stream).delta_y, theory.resolve(stream).delta_z) == (0.05, 400**-1.0)
+    theory = theory.resolve(stream)
+    assert theory.thresholds(400) == (400**-0.5, 400**-1.0)
+    assert (theory.delta_y, theory.delta_z) == (0.05, 400**-1.0)
     assert resolved("sf2obo", quad(40)).batch_schedule == "constant"  # deterministic
     noisy = resolved("sf2obo", quad(40, stochastic=True, n_samples=16))
     assert noisy.batch_schedule == "theory" and noisy.inner_schedule == "theory"
